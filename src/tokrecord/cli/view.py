@@ -1,0 +1,141 @@
+"""Terminal views: progress on stderr while a leg runs, the summary table on stdout."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from tokrecord.experiment.leg import LegResult, RowRecord
+from tokrecord.server.process import CleanupReport, log_tail
+from tokrecord.suite import SuiteRow
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+class RichLegObserver:
+    """One line per event, and a throttled live status line while a row streams."""
+
+    def __init__(self, console: Console, *, show_log_tail: bool = False) -> None:
+        self.console = console
+        self.show_log_tail = show_log_tail
+        self._log_path: Path | None = None
+        self._last_tail_at = -1.0
+        self._row_t0 = 0
+        self._status = console.status("")
+        self._live = False
+        self._total = 0
+        self._row_id = ""
+        self._next_update = 0
+
+    def server_starting(self, argv: list[str], log_path: Path) -> None:
+        self._log_path = log_path
+        self.console.print(f"[bold]starting server[/]: {escape(' '.join(argv))}")
+        self.console.print(f"  log: {escape(str(log_path))}")
+        self._status.update("waiting for the server to become ready…")
+        self._status.start()
+        self._live = True
+
+    def server_waiting(self, elapsed_s: float) -> None:
+        self._status.update(f"waiting for the server to become ready… {elapsed_s:.0f} s")
+        if self.show_log_tail and self._log_path and elapsed_s - self._last_tail_at >= 15:
+            self._last_tail_at = elapsed_s
+            self.console.print(log_tail(self._log_path, 3))
+
+    def server_ready(self, seconds: float) -> None:
+        self.console.print(
+            f"server ready in {seconds:.1f} s (health and model list only; no warmup)"
+        )
+
+    def row_started(self, index: int, row: SuiteRow, total: int) -> None:
+        self._total, self._row_id = total, row.id
+        self._row_t0 = time.perf_counter_ns()
+        self._next_update = 0
+        self._status.update(f"row {index + 1}/{total} {row.id}: waiting for the first token")
+
+    def row_tokens(self, index: int, received: int, t_ns: int) -> None:
+        # Called from the token loop: a comparison unless a redraw is due.
+        if received < self._next_update:
+            return
+        self._next_update = received + 32
+        secs = (t_ns - self._row_t0) / 1e9
+        rate = received / secs if secs > 0 else 0.0
+        self._status.update(
+            f"row {index + 1}/{self._total} {self._row_id}: {received} tokens, "
+            f"{rate:,.1f} tok/s since send"
+        )
+
+    def row_finished(self, index: int, record: RowRecord) -> None:
+        m = record.metrics
+        flags = f" [yellow]{','.join(m.flags)}[/]" if m.flags else ""
+        self.console.print(
+            f"  row {index + 1:>2}/{self._total} {escape(record.trace.row_id):<26} "
+            f"{m.n_tokens:>4} tok  ttft {fmt(m.ttft_ms, 1):>8} ms  "
+            f"{fmt(m.rate_conventional):>9} tok/s  finish={record.trace.finish_reason}{flags}"
+        )
+
+    def server_stopped(self, cleanup: CleanupReport) -> None:
+        if self._live:
+            self._status.stop()
+            self._live = False
+        verdict = "[green]clean[/]" if cleanup.passed else "[red]NOT CLEAN[/]"
+        how = "SIGKILL" if cleanup.sigkill_sent else "SIGTERM"
+        port = "still listening" if cleanup.port_listening_after else "closed"
+        self.console.print(
+            f"server stopped in {cleanup.stop_seconds:.1f} s ({how}): {verdict}, "
+            f"{cleanup.surviving_workers} surviving processes, port {cleanup.port} {port}"
+        )
+
+
+def summary_table(result: LegResult) -> Table:
+    s = result.summary
+    table = Table(title=f"leg {result.name} ({result.arm}): {result.status}", show_header=False)
+    table.add_column("figure", style="bold")
+    table.add_column("value", justify="right")
+    table.add_column("note")
+    table.add_row("tok_s_out (median, tokens 1..100)", fmt(s.tok_s_out),
+                  f"headline convention: {s.headline_convention.value}")
+    table.add_row("  conventional 99/(t100-t1)", fmt(s.tok_s_out_conventional), "tok/s")
+    table.add_row("  legacy 100/(t100-t1)", fmt(s.tok_s_out_legacy), "tok/s")
+    bound = s.quantisation_bound_pct_max
+    table.add_row("  chunk-aware", fmt(s.tok_s_out_chunk_aware),
+                  f"per-token conventions quantised by up to {fmt(bound)} %" if bound else "tok/s")
+    table.add_row("p10 / mean / stdev",
+                  f"{fmt(s.tok_s_out_p10)} / {fmt(s.tok_s_out_mean)} / {fmt(s.tok_s_out_stdev)}",
+                  "tok/s")
+    table.add_row("full after TTFT (median)", fmt(s.tok_s_full_after_ttft_median), "tok/s")
+    table.add_row("wall full (median)", fmt(s.tok_s_wall_full_median), "tok/s")
+    table.add_row("TTFT (median)", fmt(s.ttft_ms_median), "ms")
+    table.add_row("rows", f"{s.rows}/{result.rows_planned}",
+                  f"{s.rows_short} short, {s.rows - s.rows_rated} without a rate")
+    table.add_row("output tokens", str(s.output_tokens_total),
+                  f"counted from {result.count_source or '—'}")
+    table.add_row("reported = received", f"{result.rows_count_match}/{s.rows}",
+                  "usage.completion_tokens vs tokens streamed")
+    cached = (f"{result.rows_cached_zero}/{s.rows}" if result.rows_cached_reported
+              else "not reported by the server")
+    table.add_row("cached tokens zero", cached, "usage.prompt_tokens_details.cached_tokens")
+    e = result.engine
+    if e is not None:
+        if e.draft_cycles:
+            table.add_row("draft cycles / tokens / accepted",
+                          f"{e.draft_cycles} / {e.draft_tokens} / {e.accepted_draft_tokens}", "")
+            table.add_row("acceptance rate", fmt(e.draft_acceptance_rate, 4), "")
+            table.add_row("emitted tokens per cycle", fmt(e.emitted_tokens_per_draft_cycle, 3), "")
+            table.add_row("aggregate cycle", fmt(e.aggregate_cycle_ms, 3), "ms")
+        table.add_row("prefix cache hits / queries",
+                      f"{e.prefix_cache_hits} / {e.prefix_cache_queries}", "engine counter deltas")
+    table.add_row("server ready", fmt(result.ready_seconds, 1), "s")
+    c = result.cleanup
+    if c is not None:
+        port = "open" if c.port_listening_after else "closed"
+        table.add_row("cleanup", "pass" if c.passed else "FAIL",
+                      f"{c.surviving_workers} surviving processes, port {port}")
+    table.add_row("wall time", fmt(result.wall_seconds, 1), "s")
+    table.add_row("run dir", result.run_dir, "")
+    return table

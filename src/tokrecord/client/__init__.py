@@ -1,0 +1,15 @@
+"""Streaming client: one request at a time, every chunk timestamped on arrival."""
+
+from tokrecord.client.sse import SSEDecoder, SSEEvent, SSEProtocolError
+from tokrecord.client.stream import CountSource, Endpoint, RowTrace, build_body, stream_row
+
+__all__ = [
+    "CountSource",
+    "Endpoint",
+    "RowTrace",
+    "SSEDecoder",
+    "SSEEvent",
+    "SSEProtocolError",
+    "build_body",
+    "stream_row",
+]

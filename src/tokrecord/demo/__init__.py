@@ -1,0 +1,1 @@
+"""The embedded demo model: a tiny deterministic Llama that tokrecord builds itself."""

@@ -1,0 +1,295 @@
+"""One leg: a fresh server, one pass over the suite, everything kept.
+
+Order: start server -> ready (health/models only, no generation) -> scrape
+/metrics -> rows, one at a time -> scrape /metrics -> stop -> cleanup proof.
+Whatever happens, the server is stopped and the run dir keeps what was received.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from tokrecord import __version__
+from tokrecord.client import Endpoint, RowTrace, build_body, stream_row
+from tokrecord.errors import StreamError, TokrecordError
+from tokrecord.evidence import RunDir, canonical_json
+from tokrecord.metrics import (
+    Convention,
+    EngineCounters,
+    LegSummary,
+    RowMetrics,
+    engine_counters,
+    parse_counters,
+    row_metrics,
+    summarize,
+)
+from tokrecord.server.process import CleanupReport, ServerProcess, free_port, render_argv
+from tokrecord.suite import Suite, SuiteRow
+
+SCHEMA_SUMMARY = "tokrecord.leg-summary/v1"
+SCHEMA_ROWS = "tokrecord.leg-rows/v1"
+SCHEMA_CONFIG = "tokrecord.leg-config/v1"
+
+
+class ServerSpec(BaseModel):
+    """How to start the server under test. `argv` may use {port}, {host}, {model}."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    argv: tuple[str, ...] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    model: str  # filled into {model}: a path or a hub id
+    served_model: str | None = None  # the id requests name; defaults to `model`
+    host: str = "127.0.0.1"
+    port: int | None = None  # None: a free port is chosen
+    ready_timeout_s: float = Field(default=300.0, gt=0)
+    stop_grace_s: float = Field(default=15.0, ge=0)
+    metrics_path: str | None = "/metrics"
+
+    @property
+    def request_model(self) -> str:
+        return self.served_model or self.model
+
+
+class LegConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "leg"
+    arm: str = "default"
+    server: ServerSpec
+    suite: Suite
+    endpoint: Endpoint = Endpoint.COMPLETIONS
+    headline: Convention = Convention.CONVENTIONAL
+    request_extra: dict[str, Any] = Field(default_factory=dict)
+    request_timeout_s: float = Field(default=600.0, gt=0)
+
+
+class RowRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    trace: RowTrace
+    metrics: RowMetrics
+
+    @property
+    def count_matches(self) -> bool:
+        return self.trace.completion_tokens == self.trace.n_tokens
+
+
+class LegResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_id: str = Field(default=SCHEMA_SUMMARY, alias="schema")
+    name: str
+    arm: str
+    status: str  # complete | failed | interrupted
+    error: str | None
+    suite_sha256: str
+    rows_planned: int
+    summary: LegSummary
+    engine: EngineCounters | None
+    ready_seconds: float | None
+    wall_seconds: float
+    cleanup: CleanupReport | None
+    cleanup_passed: bool | None
+    count_source: str | None
+    rows_count_match: int
+    rows_cached_zero: int
+    rows_cached_reported: int
+    run_dir: str
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class LegObserver(Protocol):
+    """Progress callbacks. The core never prints; a CLI view implements these."""
+
+    def server_starting(self, argv: list[str], log_path: Path) -> None: ...
+    def server_waiting(self, elapsed_s: float) -> None: ...
+    def server_ready(self, seconds: float) -> None: ...
+    def row_started(self, index: int, row: SuiteRow, total: int) -> None: ...
+    def row_tokens(self, index: int, received: int, t_ns: int) -> None: ...
+    def row_finished(self, index: int, record: RowRecord) -> None: ...
+    def server_stopped(self, cleanup: CleanupReport) -> None: ...
+
+
+class NullObserver:
+    def server_starting(self, argv: list[str], log_path: Path) -> None: ...
+    def server_waiting(self, elapsed_s: float) -> None: ...
+    def server_ready(self, seconds: float) -> None: ...
+    def row_started(self, index: int, row: SuiteRow, total: int) -> None: ...
+    def row_tokens(self, index: int, received: int, t_ns: int) -> None: ...
+    def row_finished(self, index: int, record: RowRecord) -> None: ...
+    def server_stopped(self, cleanup: CleanupReport) -> None: ...
+
+
+def _scrape(http: httpx.Client, path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        resp = http.get(path)
+    except httpx.HTTPError as exc:
+        raise StreamError(f"cannot scrape {path}: {exc}") from exc
+    if resp.status_code == 404:
+        return None
+    if resp.status_code != 200:
+        raise StreamError(f"scraping {path} answered HTTP {resp.status_code}")
+    return resp.text
+
+
+def _resolved_config(config: LegConfig, argv: list[str], port: int) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA_CONFIG,
+        "tokrecord_version": __version__,
+        "leg": config.model_dump(mode="json", exclude={"suite"}),
+        "suite": {"name": config.suite.name, "sha256": config.suite.sha256,
+                  "rows": len(config.suite.rows)},
+        "resolved_argv": argv,
+        "port": port,
+        "client": {"python": sys.version.split()[0], "platform": platform.platform(),
+                   "pid": os.getpid()},
+    }
+
+
+def compute_leg(
+    rows: list[RowRecord],
+    config: LegConfig,
+    before: Mapping[str, float] | None,
+    after: Mapping[str, float] | None,
+) -> tuple[LegSummary, EngineCounters | None]:
+    """The pure part: figures from recorded rows and counter scrapes."""
+    summary = summarize([r.metrics for r in rows], config.headline)
+    engine = None
+    if after is not None:
+        decode_s = [
+            (r.trace.chunks[-1].t_ns - r.trace.chunks[0].t_ns) / 1e9
+            for r in rows if r.trace.chunks
+        ]
+        engine = engine_counters(before or {}, after, decode_s)
+    return summary, engine
+
+
+def run_leg(
+    config: LegConfig,
+    out: Path,
+    observer: LegObserver | None = None,
+    *,
+    http_factory: Callable[[str, float], httpx.Client] | None = None,
+) -> LegResult:
+    obs: LegObserver = observer or NullObserver()
+    run = RunDir.create(out)
+    spec = config.server
+    port = spec.port or free_port(spec.host)
+    argv = render_argv(spec.argv, {"port": str(port), "host": spec.host, "model": spec.model})
+    run.write_json("config.json", _resolved_config(config, argv, port))
+    run.write_bytes(
+        "suite.jsonl", b"".join(canonical_json(r.model_dump()) + b"\n" for r in config.suite.rows)
+    )
+    events = run.jsonl("events.jsonl")
+    server = ServerProcess(argv, port=port, host=spec.host, log_path=run.file("server.log"),
+                           env=spec.env, stop_grace_s=spec.stop_grace_s)
+    records: list[RowRecord] = []
+    before: dict[str, float] | None = None
+    after: dict[str, float] | None = None
+    ready_s: float | None = None
+    status, error = "failed", None
+    started = False
+    t0 = time.monotonic()
+    make_http = http_factory or (
+        lambda base, timeout: httpx.Client(base_url=base, timeout=httpx.Timeout(timeout, connect=10.0))
+    )
+    try:
+        obs.server_starting(argv, run.file("server.log"))
+        server.start()
+        started = True
+        ready_s = server.wait_ready(spec.ready_timeout_s, model=spec.request_model,
+                                    on_poll=obs.server_waiting)
+        obs.server_ready(ready_s)
+        with make_http(server.base_url, config.request_timeout_s) as http:
+            text = _scrape(http, spec.metrics_path)
+            if text is not None:
+                run.write_text("metrics-before.prom", text)
+                before = parse_counters(text)
+            total = len(config.suite.rows)
+            for i, row in enumerate(config.suite.rows):
+                obs.row_started(i, row, total)
+                body = build_body(config.endpoint, spec.request_model, row, config.request_extra)
+                trace = stream_row(
+                    http, row_index=i, row=row, body=body, endpoint=config.endpoint,
+                    sink=events, on_tokens=lambda n, t, i=i: obs.row_tokens(i, n, t),  # type: ignore[misc]
+                )
+                record = RowRecord(trace=trace, metrics=row_metrics(trace.t_send_ns, trace.chunks))
+                records.append(record)
+                obs.row_finished(i, record)
+            text = _scrape(http, spec.metrics_path)
+            if text is not None:
+                run.write_text("metrics-after.prom", text)
+                after = parse_counters(text)
+        status = "complete"
+    except KeyboardInterrupt:
+        status, error = "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)"
+        raise
+    except TokrecordError as exc:
+        error = str(exc)
+        raise
+    except BaseException as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        cleanup = None
+        if started:
+            cleanup = server.stop()
+            obs.server_stopped(cleanup)
+            run.write_json("cleanup.json", {**cleanup.model_dump(mode="json"),
+                                            "passed": cleanup.passed})
+        events.close()
+        if status != "complete":
+            # The original error is what the user needs; a second one here must not hide it.
+            with contextlib.suppress(Exception):
+                _write_results(run, config, records, before, after, status, error, ready_s,
+                               time.monotonic() - t0, cleanup)
+    return _write_results(run, config, records, before, after, status, error, ready_s,
+                          time.monotonic() - t0, cleanup)
+
+
+def _write_results(
+    run: RunDir,
+    config: LegConfig,
+    records: list[RowRecord],
+    before: Mapping[str, float] | None,
+    after: Mapping[str, float] | None,
+    status: str,
+    error: str | None,
+    ready_s: float | None,
+    wall_s: float,
+    cleanup: CleanupReport | None,
+) -> LegResult:
+    summary, engine = compute_leg(records, config, before, after)
+    result = LegResult(
+        name=config.name, arm=config.arm, status=status, error=error,
+        suite_sha256=config.suite.sha256, rows_planned=len(config.suite.rows),
+        summary=summary, engine=engine, ready_seconds=ready_s,
+        wall_seconds=round(wall_s, 3), cleanup=cleanup,
+        cleanup_passed=cleanup.passed if cleanup else None,
+        count_source=records[0].trace.count_source.value if records else None,
+        rows_count_match=sum(1 for r in records if r.count_matches),
+        rows_cached_zero=sum(1 for r in records if r.trace.cached_tokens == 0),
+        rows_cached_reported=sum(1 for r in records if r.trace.cached_tokens is not None),
+        run_dir=str(run.path),
+    )
+    run.write_json("rows.json", {"schema": SCHEMA_ROWS,
+                                 "rows": [r.model_dump(mode="json") for r in records]})
+    run.write_json("summary.json", result.model_dump(mode="json", by_alias=True))
+    if error is not None:
+        run.write_json("error.json", {"status": status, "error": error,
+                                      "rows_completed": len(records)})
+    return result

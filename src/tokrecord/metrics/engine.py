@@ -1,0 +1,99 @@
+"""Engine counters from a Prometheus /metrics scrape, and their deltas over a suite.
+
+Names are vLLM's (v1 engine). Counters are summed over label sets (one per model
+or engine index), so a multi-engine server still yields one figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel, ConfigDict
+
+from tokrecord.errors import StreamError
+
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+
+COUNTERS = (SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED, PREFIX_HITS, PREFIX_QUERIES)
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """Sum every counter/untyped sample by name; `_created` timestamps are skipped."""
+    totals: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.type not in ("counter", "untyped", "gauge"):
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    except ValueError as exc:
+        raise StreamError(f"cannot parse the server's /metrics text: {exc}") from exc
+    return totals
+
+
+class EngineCounters(BaseModel):
+    """Deltas over one suite; None where the engine does not expose the counter."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    draft_cycles: int | None
+    draft_tokens: int | None
+    accepted_draft_tokens: int | None
+    draft_acceptance_rate: float | None
+    emitted_tokens_per_draft_cycle: float | None
+    aggregate_cycle_ms: float | None
+    prefix_cache_hits: int | None
+    prefix_cache_queries: int | None
+
+
+def _delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -> int | None:
+    if name not in after:
+        return None
+    return round(after[name] - before.get(name, 0.0))
+
+
+def acceptance_rate(accepted: int, draft_tokens: int) -> float | None:
+    return accepted / draft_tokens if draft_tokens else None
+
+
+def emitted_per_cycle(accepted: int, cycles: int) -> float | None:
+    # Each verify cycle emits its accepted drafts plus one token of its own.
+    return (accepted + cycles) / cycles if cycles else None
+
+
+def aggregate_cycle_ms(decode_seconds_per_row: Sequence[float], cycles: int) -> float | None:
+    """1000 * sum over rows of (t_{n-1} - t_0) / cycles."""
+    return 1000.0 * sum(decode_seconds_per_row) / cycles if cycles else None
+
+
+def engine_counters(
+    before: Mapping[str, float],
+    after: Mapping[str, float],
+    decode_seconds_per_row: Sequence[float],
+) -> EngineCounters:
+    cycles = _delta(before, after, SPEC_DRAFTS)
+    drafts = _delta(before, after, SPEC_DRAFT_TOKENS)
+    accepted = _delta(before, after, SPEC_ACCEPTED)
+    return EngineCounters(
+        draft_cycles=cycles,
+        draft_tokens=drafts,
+        accepted_draft_tokens=accepted,
+        draft_acceptance_rate=(
+            acceptance_rate(accepted, drafts) if accepted is not None and drafts else None
+        ),
+        emitted_tokens_per_draft_cycle=(
+            emitted_per_cycle(accepted, cycles) if accepted is not None and cycles else None
+        ),
+        aggregate_cycle_ms=(
+            aggregate_cycle_ms(decode_seconds_per_row, cycles) if cycles else None
+        ),
+        prefix_cache_hits=_delta(before, after, PREFIX_HITS),
+        prefix_cache_queries=_delta(before, after, PREFIX_QUERIES),
+    )

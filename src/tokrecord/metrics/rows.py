@@ -1,0 +1,202 @@
+"""Per-row and per-leg speed metrics, exactly as DESIGN.md defines them.
+
+Pure functions over chunk timings. A row is the list of (arrival ns, token count)
+of the chunks that carried tokens, plus the send time; every token of a chunk
+shares the chunk's timestamp. Tokens are indexed k = 0..n-1.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from enum import StrEnum
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+NS_PER_S = 1_000_000_000
+HEADLINE_LAST_TOKEN = 100  # window is tokens 1..100: 100 events, 99 intervals
+
+
+class Convention(StrEnum):
+    """How a token window becomes a rate."""
+
+    CONVENTIONAL = "conventional"  # intervals / duration: 99 / (t_100 - t_1)
+    LEGACY = "legacy-inclusive-events"  # events / duration: 100 / (t_100 - t_1)
+    CHUNK_AWARE = "chunk-aware"  # tokens after chunk a / (T_b - T_a)
+
+
+class Chunk(BaseModel):
+    """One token-carrying chunk: when its bytes arrived and how many tokens it held."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    t_ns: int
+    n: int
+
+
+class RowMetrics(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n_tokens: int
+    ttft_ms: float | None
+    window_first: int | None
+    window_last: int | None
+    short: bool
+    rate_conventional: float | None
+    rate_legacy: float | None
+    rate_chunk_aware: float | None
+    max_tokens_per_chunk_in_window: int | None
+    # Per-token conventions are quantised when chunks carry K > 1 tokens: by up
+    # to (K-1)/intervals of the rate. Reported beside every such figure.
+    quantisation_bound_pct: float | None
+    tok_s_full_after_ttft: float | None
+    tok_s_wall_full: float | None
+    flags: tuple[str, ...] = ()
+
+    def rate(self, convention: Convention) -> float | None:
+        if convention is Convention.CONVENTIONAL:
+            return self.rate_conventional
+        if convention is Convention.LEGACY:
+            return self.rate_legacy
+        return self.rate_chunk_aware
+
+
+def _chunk_of_token(cumulative: np.ndarray, k: int) -> int:
+    """Index of the chunk that holds token k, given cumulative token counts."""
+    return int(np.searchsorted(cumulative, k, side="right"))
+
+
+def row_metrics(t_send_ns: int, chunks: Sequence[Chunk]) -> RowMetrics:
+    """Every per-row figure of DESIGN.md for one streamed row."""
+    chunks = [c for c in chunks if c.n > 0]
+    if any(c.n < 0 for c in chunks):
+        raise ValueError("negative token count in a chunk")
+    n = sum(c.n for c in chunks)
+    flags: list[str] = []
+    if n == 0:
+        return RowMetrics(
+            n_tokens=0, ttft_ms=None, window_first=None, window_last=None, short=True,
+            rate_conventional=None, rate_legacy=None, rate_chunk_aware=None,
+            max_tokens_per_chunk_in_window=None, quantisation_bound_pct=None,
+            tok_s_full_after_ttft=None, tok_s_wall_full=None, flags=("no_tokens",),
+        )
+    times = np.fromiter((c.t_ns for c in chunks), dtype=np.int64, count=len(chunks))
+    if np.any(np.diff(times) < 0):
+        raise ValueError("chunk timestamps go backwards")
+    counts = np.fromiter((c.n for c in chunks), dtype=np.int64, count=len(chunks))
+    cumulative = np.cumsum(counts)
+    t_first_token = int(times[0])
+    t_last_token = int(times[-1])
+    ttft_ms = (t_first_token - t_send_ns) / 1e6
+
+    last = min(HEADLINE_LAST_TOKEN, n - 1)
+    short = n - 1 < HEADLINE_LAST_TOKEN
+    if short:
+        flags.append("short")
+    rate_conv = rate_legacy = rate_chunk = None
+    max_k = None
+    bound = None
+    window_first: int | None = 1
+    window_last: int | None = last
+    if last < 1:
+        window_first = window_last = None
+        flags.append("no_window")
+    else:
+        a = _chunk_of_token(cumulative, 1)
+        b = _chunk_of_token(cumulative, last)
+        duration = int(times[b] - times[a])
+        intervals = last - 1
+        max_k = int(counts[a : b + 1].max())
+        if duration <= 0 or intervals == 0:
+            flags.append("zero_duration")
+        else:
+            rate_conv = intervals * NS_PER_S / duration
+            rate_legacy = (intervals + 1) * NS_PER_S / duration
+            rate_chunk = int(counts[a + 1 : b + 1].sum()) * NS_PER_S / duration
+            bound = 100.0 * (max_k - 1) / intervals
+
+    full_after = None
+    if n >= 2 and t_last_token > t_first_token:
+        full_after = (n - 1) * NS_PER_S / (t_last_token - t_first_token)
+    wall = n * NS_PER_S / (t_last_token - t_send_ns) if t_last_token > t_send_ns else None
+    return RowMetrics(
+        n_tokens=n, ttft_ms=ttft_ms, window_first=window_first, window_last=window_last,
+        short=short, rate_conventional=rate_conv, rate_legacy=rate_legacy,
+        rate_chunk_aware=rate_chunk, max_tokens_per_chunk_in_window=max_k,
+        quantisation_bound_pct=bound, tok_s_full_after_ttft=full_after, tok_s_wall_full=wall,
+        flags=tuple(flags),
+    )
+
+
+class LegSummary(BaseModel):
+    """Aggregates over the rows of one leg, in the headline convention."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    headline_convention: Convention
+    rows: int
+    rows_rated: int
+    rows_short: int
+    tok_s_out: float | None
+    tok_s_out_p10: float | None
+    tok_s_out_mean: float | None
+    tok_s_out_stdev: float | None
+    tok_s_out_conventional: float | None
+    tok_s_out_legacy: float | None
+    tok_s_out_chunk_aware: float | None
+    quantisation_bound_pct_max: float | None
+    tok_s_full_after_ttft_median: float | None
+    tok_s_wall_full_median: float | None
+    ttft_ms_median: float | None
+    output_tokens_total: int
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolation percentile (numpy's default), None when empty."""
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else None
+
+
+def _rates(rows: Sequence[RowMetrics], convention: Convention) -> list[float]:
+    return [r for r in (m.rate(convention) for m in rows) if r is not None]
+
+
+def summarize(
+    rows: Sequence[RowMetrics], headline: Convention = Convention.CONVENTIONAL
+) -> LegSummary:
+    rates = _rates(rows, headline)
+    bounds = [m.quantisation_bound_pct for m in rows if m.quantisation_bound_pct is not None]
+    return LegSummary(
+        headline_convention=headline,
+        rows=len(rows),
+        rows_rated=len(rates),
+        rows_short=sum(1 for m in rows if m.short),
+        tok_s_out=_median(rates),
+        tok_s_out_p10=percentile(rates, 10),
+        tok_s_out_mean=float(statistics.fmean(rates)) if rates else None,
+        tok_s_out_stdev=float(statistics.stdev(rates)) if len(rates) >= 2 else None,
+        tok_s_out_conventional=_median(_rates(rows, Convention.CONVENTIONAL)),
+        tok_s_out_legacy=_median(_rates(rows, Convention.LEGACY)),
+        tok_s_out_chunk_aware=_median(_rates(rows, Convention.CHUNK_AWARE)),
+        quantisation_bound_pct_max=max(bounds) if bounds else None,
+        tok_s_full_after_ttft_median=_median(
+            [m.tok_s_full_after_ttft for m in rows if m.tok_s_full_after_ttft is not None]
+        ),
+        tok_s_wall_full_median=_median(
+            [m.tok_s_wall_full for m in rows if m.tok_s_wall_full is not None]
+        ),
+        ttft_ms_median=_median([m.ttft_ms for m in rows if m.ttft_ms is not None]),
+        output_tokens_total=sum(m.n_tokens for m in rows),
+    )
+
+
+def legacy_from_conventional(conventional: float, intervals: int = 99) -> float:
+    """Re-account a conventional window rate in the legacy inclusive-events form."""
+    return conventional * (intervals + 1) / intervals
+
+
+def conventional_from_legacy(legacy: float, intervals: int = 99) -> float:
+    return legacy * intervals / (intervals + 1)

@@ -1,0 +1,317 @@
+"""The server under test as a process we own: start, readiness, stop, cleanup proof.
+
+The server runs in its own session (so its own process group): Ctrl-C in the
+terminal reaches tokrecord only, and tokrecord decides how the server dies. Stop
+is SIGTERM to the group, SIGKILL after a grace period, then a check that no
+process of the group or of the recorded descendants survives and that the port no
+longer listens. That check is evidence, not a courtesy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+import httpx
+import psutil
+from pydantic import BaseModel, ConfigDict
+
+from tokrecord.errors import ConfigError, ServerError
+
+LOG_TAIL_LINES = 40
+
+
+class CleanupReport(BaseModel):
+    """What stopping the server left behind."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pid: int
+    exit_code: int | None
+    exited_before_stop: bool
+    sigterm_sent: bool
+    sigkill_sent: bool
+    stop_seconds: float
+    tracked_pids: tuple[int, ...]
+    surviving_pids: tuple[int, ...]
+    port: int
+    port_listening_after: bool
+
+    @property
+    def surviving_workers(self) -> int:
+        return len(self.surviving_pids)
+
+    @property
+    def passed(self) -> bool:
+        return not self.surviving_pids and not self.port_listening_after
+
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def render_argv(template: Sequence[str], values: Mapping[str, str]) -> list[str]:
+    """Fill `{port}`, `{host}`, `{model}` placeholders; an unknown one is a config error.
+
+    Only `{identifier}` is a placeholder, so JSON arguments such as
+    `--speculative-config '{"method": "ngram"}'` pass through untouched.
+    """
+
+    def fill(match: re.Match[str]) -> str:
+        key = match.group(1)
+        if key not in values:
+            known = ", ".join("{" + k + "}" for k in sorted(values))
+            raise ConfigError(
+                f"server command has an unknown placeholder {{{key}}} in {match.string!r}; "
+                f"known: {known}"
+            )
+        return values[key]
+
+    return [_PLACEHOLDER.sub(fill, part) for part in template]
+
+
+def port_is_listening(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    """Refuse a taken port up front: a stale server there would answer our requests."""
+    if port_is_listening(port, host):
+        raise ConfigError(
+            f"port {port} is already in use on {host}: another server is listening there "
+            "(stop it, or choose another --port)"
+        )
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"port {port} on {host} cannot be used: {exc.strerror}") from exc
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no server log)"
+    tail = text.splitlines()[-lines:]
+    return "\n".join("    " + line for line in tail) if tail else "    (server log is empty)"
+
+
+def _descendants(pid: int) -> set[int]:
+    try:
+        proc = psutil.Process(pid)
+        return {pid} | {c.pid for c in proc.children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def _group_members(pgid: int) -> set[int]:
+    members = set()
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid:
+                members.add(proc.pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+class ServerProcess:
+    """One server process started for one leg. Use as a context manager."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        port: int,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        host: str = "127.0.0.1",
+        stop_grace_s: float = 15.0,
+    ) -> None:
+        if not argv:
+            raise ConfigError("server command is empty")
+        self.argv = list(argv)
+        self.port = port
+        self.host = host
+        self.log_path = log_path
+        self.env = dict(env or {})
+        self.stop_grace_s = stop_grace_s
+        self.base_url = f"http://{host}:{port}"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._tracked: set[int] = set()
+        self.cleanup: CleanupReport | None = None
+        self.started_ns: int | None = None
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise ServerError("server was not started")
+        return self._proc.pid
+
+    def start(self) -> None:
+        check_port_free(self.port, self.host)
+        env = {**os.environ, **self.env}
+        # Exclusive create: a run dir's server log is evidence and is never replaced.
+        self._log = open(self.log_path, "xb")  # noqa: SIM115 - closed in stop()
+        try:
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._log.close()
+            raise ServerError(f"cannot start server {self.argv[0]!r}: {exc.strerror}") from exc
+        self.started_ns = time.perf_counter_ns()
+        self._tracked = {self._proc.pid}
+
+    def wait_ready(
+        self,
+        timeout_s: float,
+        *,
+        model: str | None = None,
+        poll_s: float = 0.5,
+        on_poll: Callable[[float], None] | None = None,
+    ) -> float:
+        """Poll /health then /v1/models (never a generation) until both answer.
+
+        Returns seconds from start to ready. Raises ServerError quoting the log
+        tail when the process dies or the timeout passes.
+        """
+        proc = self._proc
+        if proc is None:
+            raise ServerError("server was not started")
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        with httpx.Client(base_url=self.base_url, timeout=5.0) as http:
+            while True:
+                self._tracked |= _descendants(proc.pid)
+                code = proc.poll()
+                if code is not None:
+                    raise ServerError(
+                        f"server exited with code {code} before becoming ready "
+                        f"(after {time.monotonic() - t0:.1f} s); last lines of {self.log_path}:\n"
+                        + log_tail(self.log_path)
+                    )
+                if self._ready(http, model):
+                    return time.monotonic() - t0
+                now = time.monotonic()
+                if now >= deadline:
+                    raise ServerError(
+                        f"server did not become ready within {timeout_s:.0f} s "
+                        f"({self.base_url}/health and /v1/models); last lines of {self.log_path}:\n"
+                        + log_tail(self.log_path)
+                    )
+                if on_poll is not None:
+                    on_poll(now - t0)
+                time.sleep(min(poll_s, max(0.0, deadline - now)))
+
+    @staticmethod
+    def _ready(http: httpx.Client, model: str | None) -> bool:
+        try:
+            if http.get("/health").status_code != 200:
+                return False
+            resp = http.get("/v1/models")
+            if resp.status_code != 200:
+                return False
+            if model is not None:
+                ids = {m.get("id") for m in resp.json().get("data", [])}
+                if model not in ids:
+                    raise ServerError(
+                        f"server is up but does not serve model {model!r}; it serves {sorted(map(str, ids))}"
+                    )
+            return True
+        except (httpx.TransportError, ValueError):
+            return False
+
+    def stop(self) -> CleanupReport:
+        """Terminate the whole group and prove nothing survived. Idempotent."""
+        if self.cleanup is not None:
+            return self.cleanup
+        proc = self._proc
+        if proc is None:
+            raise ServerError("server was not started")
+        t0 = time.monotonic()
+        pgid = proc.pid  # start_new_session makes the server its group's leader
+        exited_before = proc.poll() is not None
+        self._tracked |= _descendants(proc.pid) | _group_members(pgid)
+        sigterm = sigkill = False
+        if not exited_before:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
+                sigterm = True
+        deadline = t0 + self.stop_grace_s
+        while time.monotonic() < deadline:
+            # Keep learning about children: a worker forked during shutdown counts too.
+            self._tracked |= _descendants(proc.pid)
+            if proc.poll() is not None and not any(_alive(p) for p in self._tracked):
+                break
+            time.sleep(0.05)
+        stragglers = [p for p in self._tracked | _group_members(pgid) if _alive(p)]
+        if stragglers:
+            sigkill = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            for pid in stragglers:  # descendants that left the group
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None
+        # Reaped children vanish quickly; give the kernel a moment before counting.
+        settle = time.monotonic() + 2.0
+        survivors = [p for p in self._tracked if _alive(p) and p != os.getpid()]
+        while survivors and time.monotonic() < settle:
+            time.sleep(0.05)
+            survivors = [p for p in survivors if _alive(p)]
+        if self._log is not None:
+            self._log.close()
+        self.cleanup = CleanupReport(
+            pid=proc.pid,
+            exit_code=code,
+            exited_before_stop=exited_before,
+            sigterm_sent=sigterm,
+            sigkill_sent=sigkill,
+            stop_seconds=round(time.monotonic() - t0, 3),
+            tracked_pids=tuple(sorted(self._tracked)),
+            surviving_pids=tuple(sorted(survivors)),
+            port=self.port,
+            port_listening_after=port_is_listening(self.port, self.host),
+        )
+        return self.cleanup
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self.stop()

@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+FAKE = [sys.executable, "-m", "tokrecord.server.fake"]
+
+
+@pytest.fixture
+def fake_argv() -> list[str]:
+    """Server command template for the packaged fake server."""
+    return [*FAKE, "--host", "{host}", "--port", "{port}", "--model", "{model}"]
+
+
+@pytest.fixture
+def run_root(tmp_path: Path) -> Path:
+    return tmp_path / "runs"

@@ -1,0 +1,128 @@
+"""A leg end to end against the packaged fake server, and every bad-input path."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tokrecord.client import Endpoint
+from tokrecord.errors import ServerError, StreamError
+from tokrecord.evidence import read_jsonl
+from tokrecord.experiment.leg import LegConfig, ServerSpec, run_leg
+from tokrecord.suite import Suite, SuiteRow, load_suite
+
+
+def small_suite(rows: int = 3, max_tokens: int = 150) -> Suite:
+    base = load_suite()
+    return Suite(
+        name="small", sha256=base.sha256,
+        rows=tuple(SuiteRow(id=r.id, prompt=r.prompt, max_tokens=max_tokens)
+                   for r in base.rows[:rows]),
+    )
+
+
+def config(fake_argv: list[str], *extra: str, env: dict[str, str] | None = None,
+           suite: Suite | None = None, endpoint: Endpoint = Endpoint.COMPLETIONS) -> LegConfig:
+    return LegConfig(
+        name="t",
+        server=ServerSpec(argv=(*fake_argv, *extra), model="fake-model", env=env or {},
+                          ready_timeout_s=30, stop_grace_s=3),
+        suite=suite or small_suite(),
+        endpoint=endpoint,
+    )
+
+
+@pytest.mark.parametrize("endpoint", [Endpoint.COMPLETIONS, Endpoint.CHAT])
+def test_leg_at_known_rate(fake_argv: list[str], run_root: Path, endpoint: Endpoint) -> None:
+    cfg = config(fake_argv, "--ttft-ms", "40", "--tok-s", "1000", endpoint=endpoint)
+    result = run_leg(cfg, run_root / "leg")
+    s = result.summary
+    assert result.status == "complete" and s.rows == 3
+    assert s.tok_s_out == pytest.approx(1000, rel=0.005)
+    assert s.tok_s_out_chunk_aware == pytest.approx(1000, rel=0.005)
+    assert s.ttft_ms_median == pytest.approx(40, abs=5)
+    assert result.rows_count_match == 3 and result.count_source == "token_ids"
+    assert result.cleanup_passed
+    out = run_root / "leg"
+    for name in ("config.json", "suite.jsonl", "events.jsonl", "rows.json", "summary.json",
+                 "server.log", "metrics-before.prom", "metrics-after.prom", "cleanup.json"):
+        assert (out / name).is_file(), name
+    events = read_jsonl(out / "events.jsonl")
+    assert [e["row"] for e in events if e["kind"] == "request"] == [0, 1, 2]
+    assert sum(e["n"] for e in events if e["kind"] == "chunk") == 450
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["schema"] == "tokrecord.leg-summary/v1"
+
+
+def test_rate_set_through_env(fake_argv: list[str], run_root: Path) -> None:
+    cfg = config(fake_argv, "--ttft-ms", "20", env={"TOKRECORD_FAKE_TOK_S": "500"},
+                 suite=small_suite(2, 120))
+    assert run_leg(cfg, run_root / "leg").summary.tok_s_out == pytest.approx(500, rel=0.005)
+
+
+def test_multi_token_chunks(fake_argv: list[str], run_root: Path) -> None:
+    cfg = config(fake_argv, "--ttft-ms", "20", "--tok-s", "1000", "--tokens-per-chunk", "4",
+                 suite=small_suite(2, 200))
+    result = run_leg(cfg, run_root / "leg")
+    s = result.summary
+    assert s.tok_s_out_chunk_aware == pytest.approx(1000, rel=0.005)
+    assert s.quantisation_bound_pct_max == pytest.approx(300 / 99)
+    assert result.engine is not None and result.engine.draft_cycles == 100
+
+
+def _fails(cfg: LegConfig, out: Path, exc: type[Exception], match: str) -> dict:  # type: ignore[type-arg]
+    with pytest.raises(exc, match=match):
+        run_leg(cfg, out)
+    error = json.loads((out / "error.json").read_text())
+    assert (out / "events.jsonl").exists() and (out / "server.log").exists()
+    assert json.loads((out / "cleanup.json").read_text())["passed"] is True
+    return error
+
+
+def test_http_error(fake_argv: list[str], run_root: Path) -> None:
+    error = _fails(config(fake_argv, "--fail-status", "500"), run_root / "x", StreamError,
+                   r"row 0 \(.*\): HTTP 500")
+    assert error["rows_completed"] == 0
+
+
+def test_stream_cut_mid_row_keeps_what_arrived(fake_argv: list[str], run_root: Path) -> None:
+    out = run_root / "x"
+    _fails(config(fake_argv, "--cut-after-tokens", "30"), out, StreamError,
+           "stream cut after 30 tokens")
+    chunks = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "chunk"]
+    assert sum(e["n"] for e in chunks) == 30
+    assert read_jsonl(out / "events.jsonl")[-1]["ok"] is False
+
+
+def test_malformed_sse(fake_argv: list[str], run_root: Path) -> None:
+    _fails(config(fake_argv, "--malformed-after-tokens", "5"), run_root / "x", StreamError,
+           "malformed SSE event after 5 tokens")
+
+
+def test_server_never_ready(fake_argv: list[str], run_root: Path) -> None:
+    cfg = LegConfig(
+        server=ServerSpec(argv=(*fake_argv, "--never-ready"), model="m", ready_timeout_s=2),
+        suite=small_suite(),
+    )
+    _fails(cfg, run_root / "x", ServerError, "did not become ready within 2 s")
+
+
+def test_out_dir_never_reused(fake_argv: list[str], run_root: Path) -> None:
+    out = run_root / "leg"
+    out.mkdir(parents=True)
+    (out / "old").write_text("evidence")
+    from tokrecord.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="already exists and is not empty"):
+        run_leg(config(fake_argv), out)
+
+
+def test_fake_server_module_runs() -> None:
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "tokrecord.server.fake", "--help"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and "--tok-s" in proc.stdout

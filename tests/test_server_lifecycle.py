@@ -1,0 +1,100 @@
+"""Server lifecycle: readiness, early exit, never ready, SIGTERM ignored, port taken."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tokrecord.errors import ConfigError, ServerError
+from tokrecord.server import ServerProcess, free_port, port_is_listening, render_argv
+
+
+def fake(port: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "tokrecord.server.fake", "--port", str(port), *extra]
+
+
+def test_ready_then_clean_stop(tmp_path: Path) -> None:
+    port = free_port()
+    server = ServerProcess(fake(port), port=port, log_path=tmp_path / "server.log")
+    with server:
+        seconds = server.wait_ready(30, model="tokrecord-fake")
+        assert seconds < 30
+        assert port_is_listening(port)
+    report = server.cleanup
+    assert report is not None and report.passed
+    assert report.sigterm_sent and not report.sigkill_sent
+    assert report.surviving_workers == 0 and not report.port_listening_after
+    assert "listening" in (tmp_path / "server.log").read_text()
+
+
+def test_early_exit_quotes_log_tail(tmp_path: Path) -> None:
+    port = free_port()
+    server = ServerProcess(fake(port, "--never-ready", "--exit-after-s", "0.5"), port=port,
+                           log_path=tmp_path / "server.log")
+    with server, pytest.raises(ServerError, match=r"exited with code 3[\s\S]*last lines"):
+        server.wait_ready(30)
+    assert server.cleanup is not None and server.cleanup.exited_before_stop
+
+
+def test_never_ready_times_out(tmp_path: Path) -> None:
+    port = free_port()
+    server = ServerProcess(fake(port, "--never-ready"), port=port, log_path=tmp_path / "s.log")
+    t0 = time.monotonic()
+    with server, pytest.raises(ServerError, match="did not become ready within 2 s"):
+        server.wait_ready(2)
+    assert time.monotonic() - t0 < 10
+    assert server.cleanup is not None and server.cleanup.passed
+
+
+def test_wrong_model_is_named(tmp_path: Path) -> None:
+    port = free_port()
+    with ServerProcess(fake(port), port=port, log_path=tmp_path / "s.log") as server, \
+            pytest.raises(ServerError, match="does not serve model 'other'"):
+        server.wait_ready(30, model="other")
+
+
+def test_sigterm_ignored_is_killed_and_group_proven_empty(tmp_path: Path) -> None:
+    port = free_port()
+    server = ServerProcess(fake(port, "--ignore-sigterm", "--spawn-child"), port=port,
+                           log_path=tmp_path / "s.log", stop_grace_s=1.0)
+    with server:
+        server.wait_ready(30)
+        children = psutil.Process(server.pid).children(recursive=True)
+        assert children, "fake server should have spawned a child"
+    report = server.cleanup
+    assert report is not None
+    assert report.sigkill_sent
+    assert len(report.tracked_pids) >= 2
+    assert report.surviving_workers == 0 and report.passed
+    assert all(not psutil.pid_exists(c.pid) or c.status() == psutil.STATUS_ZOMBIE
+               for c in children)
+
+
+def test_port_already_taken(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"port {port} is already in use"):
+            ServerProcess(fake(port), port=port, log_path=tmp_path / "s.log").start()
+
+
+def test_missing_executable(tmp_path: Path) -> None:
+    server = ServerProcess(["/nonexistent/server"], port=free_port(), log_path=tmp_path / "s.log")
+    with pytest.raises(ServerError, match="cannot start server"):
+        server.start()
+
+
+def test_render_argv() -> None:
+    assert render_argv(["x", "--port", "{port}", "{model}"], {"port": "1", "model": "m"}) == [
+        "x", "--port", "1", "m"]
+    with pytest.raises(ConfigError, match=r"unknown placeholder \{prot\}"):
+        render_argv(["--port", "{prot}"], {"port": "1"})
+    # JSON arguments are not templates.
+    assert render_argv(['{"method": "ngram", "n": 4}'], {"port": "1"}) == [
+        '{"method": "ngram", "n": 4}']
