@@ -184,6 +184,17 @@ class _ChunkParser:
         return n, ids, text, finish
 
 
+def _transport_message(
+    exc: httpx.HTTPError, where: str, base_url: httpx.URL, received: int, events: int
+) -> str:
+    if isinstance(exc, httpx.ConnectError):
+        return f"{where}: cannot connect to {base_url}: {exc}"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"{where}: timed out after {received} tokens ({type(exc).__name__})"
+    detail = str(exc) or type(exc).__name__
+    return f"{where}: stream cut after {received} tokens ({events} events): {detail}"
+
+
 def stream_row(
     http: httpx.Client,
     *,
@@ -246,25 +257,15 @@ def stream_row(
             decoder.close()
         finally:
             response.close()
-    except StreamError as exc:
+    except (StreamError, httpx.HTTPError) as exc:
+        error = exc if isinstance(exc, StreamError) else StreamError(
+            _transport_message(exc, where, http.base_url, received, events)
+        )
         sink.write({"kind": "end", "row": row_index, "t_ns": time.perf_counter_ns(),
-                    "ok": False, "error": str(exc)})
-        raise
-    except httpx.ConnectError as exc:
-        msg = f"{where}: cannot connect to {http.base_url}: {exc}"
-        sink.write({"kind": "end", "row": row_index, "t_ns": time.perf_counter_ns(),
-                    "ok": False, "error": msg})
-        raise StreamError(msg) from exc
-    except httpx.TimeoutException as exc:
-        msg = f"{where}: timed out after {received} tokens ({type(exc).__name__})"
-        sink.write({"kind": "end", "row": row_index, "t_ns": time.perf_counter_ns(),
-                    "ok": False, "error": msg})
-        raise StreamError(msg) from exc
-    except httpx.HTTPError as exc:
-        msg = f"{where}: stream cut after {received} tokens ({events} events): {exc or type(exc).__name__}"
-        sink.write({"kind": "end", "row": row_index, "t_ns": time.perf_counter_ns(),
-                    "ok": False, "error": msg})
-        raise StreamError(msg) from exc
+                    "ok": False, "error": str(error)})
+        if error is exc:
+            raise
+        raise error from exc
     t_end = time.perf_counter_ns()
     if not done:
         msg = f"{where}: stream ended without [DONE] after {received} tokens ({events} events)"

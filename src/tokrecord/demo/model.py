@@ -364,7 +364,11 @@ def build_demo_model(cache_dir: Path) -> Path:
     try:
         _write_model_files(tmp)
         write_manifest(tmp)
-        tmp.chmod(0o755)  # mkdtemp makes it 0700; the served model dir should look ordinary
+        # mkdtemp makes the dir 0700 and safetensors writes 0600; give the served model ordinary
+        # permissions so an engine running as another user can read it.
+        tmp.chmod(0o755)
+        for path in tmp.iterdir():
+            path.chmod(0o644)
         if target.exists() or target.is_symlink():
             # A damaged or partial copy: move it aside first (rename is atomic), then delete.
             stale = cache_dir / f".{target.name}.stale-{uuid.uuid4().hex}"
