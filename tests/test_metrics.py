@@ -176,3 +176,19 @@ def test_counters_summed_over_label_sets() -> None:
         'vllm:prefix_cache_queries_total{engine="1"} 7\n'
     )
     assert parse_counters(text)["vllm:prefix_cache_queries_total"] == 12.0
+
+
+def test_stall_flag_and_leg_warnings() -> None:
+    # 150 tokens 10 ms apart, except one 500 ms hole after token 50
+    chunks = [Chunk(t_ns=(10 * k + (500 if k > 50 else 0)) * MS, n=1) for k in range(150)]
+    m = row_metrics(0, chunks)
+    assert "stall" in m.flags
+    assert m.max_gap_ms == pytest.approx(510) and m.median_gap_ms == pytest.approx(10)
+    steady = row_metrics(0, one_per_chunk(150, 10, 10))
+    assert "stall" not in steady.flags
+    # a row delivered in one burst reads absurdly fast: an outlier warning, with advice
+    burst = row_metrics(0, one_per_chunk(150, 1000, 0.01))
+    s = summarize([m, steady, steady, burst])
+    assert any("delivery stalls (rows 0;" in w for w in s.warnings)
+    assert any("more than 5x away from the median (rows 3)" in w for w in s.warnings)
+    assert summarize([steady, steady, steady]).warnings == ()

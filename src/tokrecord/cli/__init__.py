@@ -25,7 +25,7 @@ from tokrecord.experiment.leg import LegConfig, LegResult, ServerSpec, run_leg
 from tokrecord.metrics import Convention
 from tokrecord.suite import Suite, load_suite
 
-from .view import RichLegObserver, summary_table
+from .view import RichLegObserver, print_leg
 
 app = typer.Typer(
     name="tokrecord",
@@ -106,7 +106,7 @@ def _execute(config: LegConfig, out: Path, show_log_tail: bool) -> LegResult:
         f"{config.suite.name}, one request at a time, no warmup → {out}"
     )
     result = run_leg(config, out, RichLegObserver(err_console, show_log_tail=show_log_tail))
-    out_console.print(summary_table(result))
+    print_leg(out_console, err_console, result)
     return result
 
 

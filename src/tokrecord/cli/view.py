@@ -74,9 +74,9 @@ class RichLegObserver:
         m = record.metrics
         flags = f" [yellow]{','.join(m.flags)}[/]" if m.flags else ""
         self.console.print(
-            f"  row {index + 1:>2}/{self._total} {escape(record.trace.row_id):<26} "
-            f"{m.n_tokens:>4} tok  ttft {fmt(m.ttft_ms, 1):>8} ms  "
-            f"{fmt(m.rate_conventional):>9} tok/s  finish={record.trace.finish_reason}{flags}"
+            f"  row {index + 1:>2}/{self._total} {escape(record.trace.row_id[:22]):<22} "
+            f"{m.n_tokens:>4} tok  ttft {fmt(m.ttft_ms, 1):>7} ms "
+            f"{fmt(m.rate_conventional, 1):>9} tok/s {record.trace.finish_reason}{flags}"
         )
 
     def server_stopped(self, cleanup: CleanupReport) -> None:
@@ -95,47 +95,52 @@ class RichLegObserver:
 def summary_table(result: LegResult) -> Table:
     s = result.summary
     table = Table(title=f"leg {result.name} ({result.arm}): {result.status}", show_header=False)
-    table.add_column("figure", style="bold")
-    table.add_column("value", justify="right")
+    table.add_column("figure", style="bold", no_wrap=True)
+    table.add_column("value", justify="right", no_wrap=True)
     table.add_column("note")
-    table.add_row("tok_s_out (median, tokens 1..100)", fmt(s.tok_s_out),
-                  f"headline convention: {s.headline_convention.value}")
-    table.add_row("  conventional 99/(t100-t1)", fmt(s.tok_s_out_conventional), "tok/s")
-    table.add_row("  legacy 100/(t100-t1)", fmt(s.tok_s_out_legacy), "tok/s")
+    table.add_row("tok_s_out (median, 1..100)", fmt(s.tok_s_out),
+                  f"headline: {s.headline_convention.value}")
+    table.add_row("  conventional", fmt(s.tok_s_out_conventional), "99/(t100-t1)")
+    table.add_row("  legacy", fmt(s.tok_s_out_legacy), "100/(t100-t1)")
     bound = s.quantisation_bound_pct_max
     table.add_row("  chunk-aware", fmt(s.tok_s_out_chunk_aware),
-                  f"per-token conventions quantised by up to {fmt(bound)} %" if bound else "tok/s")
+                  f"per-token forms ±{fmt(bound)} % (chunks)" if bound else "one token per chunk")
     table.add_row("p10 / mean / stdev",
-                  f"{fmt(s.tok_s_out_p10)} / {fmt(s.tok_s_out_mean)} / {fmt(s.tok_s_out_stdev)}",
-                  "tok/s")
-    table.add_row("full after TTFT (median)", fmt(s.tok_s_full_after_ttft_median), "tok/s")
-    table.add_row("wall full (median)", fmt(s.tok_s_wall_full_median), "tok/s")
-    table.add_row("TTFT (median)", fmt(s.ttft_ms_median), "ms")
+                  f"{fmt(s.tok_s_out_p10)} / {fmt(s.tok_s_out_mean)} / {fmt(s.tok_s_out_stdev)}", "")
+    table.add_row("full after TTFT", fmt(s.tok_s_full_after_ttft_median), "median, tok/s")
+    table.add_row("wall full", fmt(s.tok_s_wall_full_median), "median, tok/s")
+    table.add_row("TTFT", fmt(s.ttft_ms_median), "median, ms")
     table.add_row("rows", f"{s.rows}/{result.rows_planned}",
-                  f"{s.rows_short} short, {s.rows - s.rows_rated} without a rate")
+                  f"{s.rows_short} short, {s.rows - s.rows_rated} unrated")
     table.add_row("output tokens", str(s.output_tokens_total),
-                  f"counted from {result.count_source or '—'}")
-    table.add_row("reported = received", f"{result.rows_count_match}/{s.rows}",
-                  "usage.completion_tokens vs tokens streamed")
+                  f"from {result.count_source or '—'}")
+    table.add_row("reported = received", f"{result.rows_count_match}/{s.rows}", "completion tokens")
     cached = (f"{result.rows_cached_zero}/{s.rows}" if result.rows_cached_reported
-              else "not reported by the server")
-    table.add_row("cached tokens zero", cached, "usage.prompt_tokens_details.cached_tokens")
+              else "not reported")
+    table.add_row("cached tokens zero", cached, "usage, per row")
     e = result.engine
     if e is not None:
         if e.draft_cycles:
-            table.add_row("draft cycles / tokens / accepted",
-                          f"{e.draft_cycles} / {e.draft_tokens} / {e.accepted_draft_tokens}", "")
-            table.add_row("acceptance rate", fmt(e.draft_acceptance_rate, 4), "")
-            table.add_row("emitted tokens per cycle", fmt(e.emitted_tokens_per_draft_cycle, 3), "")
+            table.add_row("drafts: cycles/tokens/acc",
+                          f"{e.draft_cycles}/{e.draft_tokens}/{e.accepted_draft_tokens}", "")
+            table.add_row("acceptance rate", fmt(e.draft_acceptance_rate, 4), "accepted/draft")
+            table.add_row("emitted per cycle", fmt(e.emitted_tokens_per_draft_cycle, 3), "")
             table.add_row("aggregate cycle", fmt(e.aggregate_cycle_ms, 3), "ms")
-        table.add_row("prefix cache hits / queries",
-                      f"{e.prefix_cache_hits} / {e.prefix_cache_queries}", "engine counter deltas")
-    table.add_row("server ready", fmt(result.ready_seconds, 1), "s")
+        table.add_row("prefix cache hits/queries",
+                      f"{e.prefix_cache_hits}/{e.prefix_cache_queries}", "engine counters")
+    table.add_row("server ready", fmt(result.ready_seconds, 1), "s, no warmup request")
     c = result.cleanup
     if c is not None:
         port = "open" if c.port_listening_after else "closed"
         table.add_row("cleanup", "pass" if c.passed else "FAIL",
-                      f"{c.surviving_workers} surviving processes, port {port}")
+                      f"{c.surviving_workers} survivors, port {port}")
     table.add_row("wall time", fmt(result.wall_seconds, 1), "s")
-    table.add_row("run dir", result.run_dir, "")
     return table
+
+
+def print_leg(out: Console, err: Console, result: LegResult) -> None:
+    """Results to stdout; warnings (with advice) to stderr."""
+    out.print(summary_table(result))
+    out.print(f"run dir: {escape(result.run_dir)}", soft_wrap=True)
+    for warning in result.summary.warnings:
+        err.print(f"[yellow]warning:[/] {escape(warning)}")

@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict
 
 NS_PER_S = 1_000_000_000
 HEADLINE_LAST_TOKEN = 100  # window is tokens 1..100: 100 events, 99 intervals
+STALL_MIN_MS = 100.0  # a gap is a stall when above both this and
+STALL_FACTOR = 20.0  # this many times the row's median gap
+OUTLIER_FACTOR = 5.0  # a row rate this far from the leg median is an outlier
 
 
 class Convention(StrEnum):
@@ -51,6 +54,10 @@ class RowMetrics(BaseModel):
     quantisation_bound_pct: float | None
     tok_s_full_after_ttft: float | None
     tok_s_wall_full: float | None
+    # Delivery regularity after the first token: a stall is a gap far above the
+    # row's typical gap (the client saw a burst, whatever the engine did).
+    median_gap_ms: float | None = None
+    max_gap_ms: float | None = None
     flags: tuple[str, ...] = ()
 
     def rate(self, convention: Convention) -> float | None:
@@ -119,12 +126,18 @@ def row_metrics(t_send_ns: int, chunks: Sequence[Chunk]) -> RowMetrics:
     if n >= 2 and t_last_token > t_first_token:
         full_after = (n - 1) * NS_PER_S / (t_last_token - t_first_token)
     wall = n * NS_PER_S / (t_last_token - t_send_ns) if t_last_token > t_send_ns else None
+    median_gap = max_gap = None
+    if len(times) >= 2:
+        gaps = np.diff(times) / 1e6
+        median_gap, max_gap = float(np.median(gaps)), float(gaps.max())
+        if max_gap > max(STALL_MIN_MS, STALL_FACTOR * median_gap):
+            flags.append("stall")
     return RowMetrics(
         n_tokens=n, ttft_ms=ttft_ms, window_first=window_first, window_last=window_last,
         short=short, rate_conventional=rate_conv, rate_legacy=rate_legacy,
         rate_chunk_aware=rate_chunk, max_tokens_per_chunk_in_window=max_k,
         quantisation_bound_pct=bound, tok_s_full_after_ttft=full_after, tok_s_wall_full=wall,
-        flags=tuple(flags),
+        median_gap_ms=median_gap, max_gap_ms=max_gap, flags=tuple(flags),
     )
 
 
@@ -149,6 +162,7 @@ class LegSummary(BaseModel):
     tok_s_wall_full_median: float | None
     ttft_ms_median: float | None
     output_tokens_total: int
+    warnings: tuple[str, ...] = ()
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -162,6 +176,42 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def _rates(rows: Sequence[RowMetrics], convention: Convention) -> list[float]:
     return [r for r in (m.rate(convention) for m in rows) if r is not None]
+
+
+def leg_warnings(rows: Sequence[RowMetrics], headline: Convention) -> tuple[str, ...]:
+    """What a careful reader should know before trusting the figures, with advice."""
+    out: list[str] = []
+    stalled = [i for i, m in enumerate(rows) if "stall" in m.flags]
+    if stalled:
+        worst = max(rows[i].max_gap_ms or 0.0 for i in stalled)
+        out.append(
+            f"{len(stalled)} of {len(rows)} rows had delivery stalls (rows {_list(stalled)}; "
+            f"longest gap {worst:,.0f} ms): the client received tokens in bursts. Check that "
+            "nothing else runs on the machine and that server and client have a core each."
+        )
+    rates = [(i, m.rate(headline)) for i, m in enumerate(rows)]
+    rated = [r for _, r in rates if r is not None]
+    if len(rated) >= 3:
+        med = float(statistics.median(rated))
+        odd = [i for i, r in rates
+               if r is not None and med > 0 and not 1 / OUTLIER_FACTOR <= r / med <= OUTLIER_FACTOR]
+        if odd:
+            out.append(
+                f"{len(odd)} rows have a headline rate more than {OUTLIER_FACTOR:g}x away from the "
+                f"median (rows {_list(odd)}): the mean and stdev are not meaningful; use the median "
+                "and p10."
+            )
+    short = [i for i, m in enumerate(rows) if m.short]
+    if short:
+        out.append(
+            f"{len(short)} rows produced fewer than 101 tokens (rows {_list(short)}): their rates "
+            "use tokens 1..n-1."
+        )
+    return tuple(out)
+
+
+def _list(indices: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in indices)
 
 
 def summarize(
@@ -190,6 +240,7 @@ def summarize(
         ),
         ttft_ms_median=_median([m.ttft_ms for m in rows if m.ttft_ms is not None]),
         output_tokens_total=sum(m.n_tokens for m in rows),
+        warnings=leg_warnings(rows, headline),
     )
 
 
