@@ -73,3 +73,67 @@ def test_port_taken_and_stream_cut_exit_nonzero(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "stream cut after 7 tokens" in proc.stderr
     assert (tmp_path / "b" / "events.jsonl").stat().st_size > 0
+
+
+def _wait_for(path: Path, text: str, timeout: float = 60) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{text!r} never appeared in {path}")
+
+
+def test_server_on_unreachable_port_times_out_with_log_tail(tmp_path: Path) -> None:
+    # The command ignores {port}: nothing answers where tokrecord looks.
+    cmd = f"{sys.executable} -m tokrecord.server.fake --port 0 --model {{model}}"
+    proc = run("leg", "--server-cmd", cmd, "--model", "m", "--ready-timeout", "3",
+               "--out", str(tmp_path / "o"))
+    assert proc.returncode == 1
+    assert "did not become ready within 3 s" in proc.stderr
+    assert "tokrecord fake server listening" in proc.stderr  # the quoted log tail
+    assert json.loads((tmp_path / "o" / "cleanup.json").read_text())["passed"] is True
+
+
+def test_interrupt_stops_server_and_keeps_run_dir(tmp_path: Path) -> None:
+    import signal
+
+    import psutil
+
+    out = tmp_path / "o"
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen(
+            [*CLI, "leg", "--server-cmd", FAKE_CMD + " --tok-s 50", "--model", "m",
+             "--out", str(out)],
+            stdout=subprocess.DEVNULL, stderr=stderr,
+            env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TERM": "dumb"},
+        )
+        _wait_for(out / "events.jsonl", '"kind":"chunk"')
+        server_pids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        assert server_pids
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    assert "interrupted" in stderr_path.read_text()
+    cleanup = json.loads((out / "cleanup.json").read_text())
+    assert cleanup["passed"] is True and cleanup["surviving_pids"] == []
+    assert all(not psutil.pid_exists(p) for p in server_pids)
+    assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"
+    assert (out / "events.jsonl").stat().st_size > 0
+
+
+def test_sigterm_is_handled_like_ctrl_c(tmp_path: Path) -> None:
+    import signal
+
+    out = tmp_path / "o"
+    proc = subprocess.Popen(
+        [*CLI, "leg", "--server-cmd", FAKE_CMD + " --tok-s 50", "--model", "m", "--out", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TERM": "dumb"},
+    )
+    _wait_for(out / "events.jsonl", '"kind":"chunk"')
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    assert json.loads((out / "cleanup.json").read_text())["passed"] is True

@@ -21,11 +21,13 @@ from rich.text import Text
 from tokrecord import __version__
 from tokrecord.client import Endpoint
 from tokrecord.errors import ConfigError, TokrecordError
-from tokrecord.experiment.leg import LegConfig, LegResult, ServerSpec, run_leg
+from tokrecord.experiment.leg import LegConfig, LegResult, ServerSpec, run_leg, teacher_from_run
+from tokrecord.gates import GateConfig
+from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.metrics import Convention
 from tokrecord.suite import Suite, load_suite
 
-from .view import RichLegObserver, print_leg
+from .view import RichLegObserver, print_gates, print_leg
 
 app = typer.Typer(
     name="tokrecord",
@@ -37,8 +39,6 @@ app = typer.Typer(
 )
 out_console = Console()
 err_console = Console(stderr=True)
-
-
 
 P = ParamSpec("P")
 
@@ -78,7 +78,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def _load_leg_file(path: Path) -> dict[str, Any]:
+def _load_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
@@ -89,10 +89,9 @@ def _load_leg_file(path: Path) -> dict[str, Any]:
 
 
 def _validation_message(source: str, exc: ValidationError) -> str:
-    problems = [
+    return "\n".join(
         f"{source}: key '{'.'.join(str(p) for p in e['loc'])}': {e['msg']}" for e in exc.errors()
-    ]
-    return "\n".join(problems)
+    )
 
 
 def _suite(path: Path | None, rows: int | None) -> Suite:
@@ -100,46 +99,36 @@ def _suite(path: Path | None, rows: int | None) -> Suite:
     return suite.head(rows) if rows else suite
 
 
-def _execute(config: LegConfig, out: Path, show_log_tail: bool) -> LegResult:
-    err_console.print(
-        f"[bold]leg[/] {config.name} (arm {config.arm}): {len(config.suite.rows)} rows of "
-        f"{config.suite.name}, one request at a time, no warmup → {out}"
-    )
-    result = run_leg(config, out, RichLegObserver(err_console, show_log_tail=show_log_tail))
-    print_leg(out_console, err_console, result)
-    return result
+# Options shared by `leg` and `teacher`.
+ServerCmd = Annotated[
+    str | None, typer.Option(help="Server command; placeholders {port}, {host}, {model}.")
+]
+ModelOpt = Annotated[str | None, typer.Option(help="Model path or id, filled into {model}.")]
+ServedModel = Annotated[str | None, typer.Option(help="Model id to request (default: --model).")]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="Leg config (TOML); options override it.")
+]
+SuiteOpt = Annotated[Path | None, typer.Option(help="Suite JSONL (default: built-in).")]
+RowsOpt = Annotated[int | None, typer.Option(min=1, help="Use only the first N rows.")]
+OutOpt = Annotated[Path | None, typer.Option(help="New run directory.")]
+PortOpt = Annotated[int | None, typer.Option(help="Port (default: a free one).")]
+EnvOpt = Annotated[list[str] | None, typer.Option(help="Server env KEY=VALUE (repeatable).")]
+EndpointOpt = Annotated[Endpoint | None, typer.Option(help="API to stream from.")]
+HeadlineOpt = Annotated[Convention | None, typer.Option(help="Headline rate convention.")]
+ReadyOpt = Annotated[float | None, typer.Option(help="Seconds to wait for readiness.")]
+NameOpt = Annotated[str | None, typer.Option(help="Leg name.")]
+TailOpt = Annotated[bool, typer.Option(help="Print the server log while waiting.")]
 
 
-@app.command()
-@_guard
-def leg(
-    server_cmd: Annotated[
-        str | None,
-        typer.Option(help="Server command; placeholders {port}, {host}, {model}."),
-    ] = None,
-    model: Annotated[str | None, typer.Option(help="Model path or id, filled into {model}.")] = None,
-    served_model: Annotated[
-        str | None, typer.Option(help="Model id to request (default: --model).")
-    ] = None,
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Leg config (TOML); options override it.")
-    ] = None,
-    suite: Annotated[Path | None, typer.Option(help="Suite JSONL (default: built-in).")] = None,
-    rows: Annotated[int | None, typer.Option(min=1, help="Use only the first N rows.")] = None,
-    out: Annotated[Path | None, typer.Option(help="New run directory.")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default: a free one).")] = None,
-    env: Annotated[list[str] | None, typer.Option(help="Server env KEY=VALUE (repeatable).")] = None,
-    endpoint: Annotated[Endpoint | None, typer.Option(help="API to stream from.")] = None,
-    headline: Annotated[Convention | None, typer.Option(help="Headline rate convention.")] = None,
-    ready_timeout: Annotated[
-        float | None, typer.Option(help="Seconds to wait for readiness.")
-    ] = None,
-    name: Annotated[str | None, typer.Option(help="Leg name.")] = None,
-    show_log_tail: Annotated[bool, typer.Option(help="Print the server log while waiting.")] = False,
-) -> None:
-    """Run one leg: a fresh server, one pass over the suite, every chunk recorded."""
+def _leg_config(
+    *, server_cmd: str | None, model: str | None, served_model: str | None, config: Path | None,
+    suite: Path | None, rows: int | None, port: int | None, env: list[str] | None,
+    endpoint: Endpoint | None, headline: Convention | None, ready_timeout: float | None,
+    name: str | None,
+) -> LegConfig:
+    """A LegConfig from a TOML file and/or options (options win); errors name the key."""
     source = str(config) if config else "options"
-    raw: dict[str, Any] = _load_leg_file(config) if config else {}
+    raw: dict[str, Any] = _load_toml(config) if config else {}
     server_raw: dict[str, Any] = dict(raw.pop("server", {}))
     if server_cmd is not None:
         server_raw["argv"] = shlex.split(server_cmd)
@@ -165,21 +154,100 @@ def leg(
         if value is not None:
             leg_raw[key] = value
     try:
-        leg_config = LegConfig.model_validate(leg_raw)
+        return LegConfig.model_validate(leg_raw)
     except ValidationError as exc:
         raise ConfigError(_validation_message(source, exc)) from exc
-    _execute(leg_config, out or _default_out("leg"), show_log_tail)
+
+
+def _execute(config: LegConfig, out: Path, *, teacher: Teacher | None = None,
+             show_log_tail: bool = False, print_results: bool = True) -> LegResult:
+    err_console.print(
+        f"[bold]leg[/] {config.name} (arm {config.arm}): {len(config.suite.rows)} rows of "
+        f"{config.suite.name}, one request at a time, no warmup → {out}"
+    )
+    observer = RichLegObserver(err_console, show_log_tail=show_log_tail)
+    result = run_leg(config, out, observer, teacher=teacher)
+    if print_results:
+        print_leg(out_console, err_console, result)
+        print_gates(out_console, result)
+    return result
+
+
+def _check_teacher_matches(teacher: Teacher, config: LegConfig, path: Path) -> None:
+    if teacher.suite_sha256 != config.suite.sha256:
+        raise ConfigError(
+            f"{path}: teacher was captured on suite {teacher.suite_name} "
+            f"({teacher.suite_sha256[:12]}), this leg runs {config.suite.name} "
+            f"({config.suite.sha256[:12]})"
+        )
+
+
+@app.command()
+@_guard
+def leg(
+    server_cmd: ServerCmd = None, model: ModelOpt = None, served_model: ServedModel = None,
+    config: ConfigOpt = None, suite: SuiteOpt = None, rows: RowsOpt = None, out: OutOpt = None,
+    port: PortOpt = None, env: EnvOpt = None, endpoint: EndpointOpt = None,
+    headline: HeadlineOpt = None, ready_timeout: ReadyOpt = None, name: NameOpt = None,
+    show_log_tail: TailOpt = False,
+    teacher: Annotated[
+        Path | None, typer.Option(help="Teacher file: check every row for exact outputs.")
+    ] = None,
+) -> None:
+    """Run one leg: a fresh server, one pass over the suite, every chunk and gate recorded."""
+    leg_config = _leg_config(
+        server_cmd=server_cmd, model=model, served_model=served_model, config=config,
+        suite=suite, rows=rows, port=port, env=env, endpoint=endpoint, headline=headline,
+        ready_timeout=ready_timeout, name=name,
+    )
+    loaded = load_teacher(teacher) if teacher else None
+    if loaded is not None and teacher is not None:
+        _check_teacher_matches(loaded, leg_config, teacher)
+    result = _execute(leg_config, out or _default_out("leg"), teacher=loaded,
+                      show_log_tail=show_log_tail)
+    # A failed gate is a verdict scripts must see; "not tested" (no teacher) is not.
+    if any(g.status.value == "fail" for g in result.gates):
+        raise typer.Exit(3)
+
+
+@app.command("teacher")
+@_guard
+def teacher_cmd(
+    server_cmd: ServerCmd = None, model: ModelOpt = None, served_model: ServedModel = None,
+    config: ConfigOpt = None, suite: SuiteOpt = None, rows: RowsOpt = None, out: OutOpt = None,
+    port: PortOpt = None, env: EnvOpt = None, endpoint: EndpointOpt = None,
+    ready_timeout: ReadyOpt = None, name: NameOpt = None, show_log_tail: TailOpt = False,
+    teacher_out: Annotated[
+        Path | None, typer.Option(help="Teacher file to write (default: <out>/../teacher.json).")
+    ] = None,
+) -> None:
+    """Capture a teacher: the reference arm's outputs, once, on a fresh server."""
+    leg_config = _leg_config(
+        server_cmd=server_cmd, model=model, served_model=served_model, config=config,
+        suite=suite, rows=rows, port=port, env=env, endpoint=endpoint, headline=None,
+        ready_timeout=ready_timeout, name=name or "teacher",
+    )
+    run_dir = out or _default_out("teacher")
+    target = teacher_out or run_dir.parent / f"{run_dir.name}.teacher.json"
+    if target.exists():
+        raise ConfigError(f"teacher file {target} already exists; a teacher is never replaced")
+    _execute(leg_config, run_dir, show_log_tail=show_log_tail)
+    captured = teacher_from_run(run_dir, leg_config, model_manifest=None)
+    write_teacher(target, captured)
+    out_console.print(f"teacher: {target} ({len(captured.rows)} rows, sha256 {captured.sha256})")
 
 
 @app.command()
 @_guard
 def demo(
-    out: Annotated[Path | None, typer.Option(help="New run directory.")] = None,
-    rows: Annotated[int | None, typer.Option(min=1, help="Use only the first N rows.")] = None,
-    arm: Annotated[str, typer.Option(help="plain, or ngram (speculative decoding).")] = "plain",
+    out: Annotated[Path | None, typer.Option(help="New directory for the demo's runs.")] = None,
+    rows: RowsOpt = None,
+    arm: Annotated[
+        str, typer.Option(help="Measured arm: ngram (speculative decoding) or plain.")
+    ] = "ngram",
 ) -> None:
-    """One leg on the embedded engine (vLLM CPU, tiny demo model): zero configuration."""
-    from tokrecord.demo.model import build_demo_model
+    """Teacher on the plain arm, then a measured leg with every gate: zero configuration."""
+    from tokrecord.demo.model import build_demo_model, model_manifest
     from tokrecord.server import embedded
 
     if arm not in ("plain", "ngram"):
@@ -188,19 +256,58 @@ def demo(
     err_console.print("building the demo model (cached after the first time)…")
     model_dir = build_demo_model(embedded.cache_root() / "models")
     err_console.print(f"demo model: {model_dir}")
-    spec = embedded.NGRAM_SPEC if arm == "ngram" else None
-    leg_config = LegConfig(
-        name=f"demo-{arm}",
-        arm=arm,
-        server=ServerSpec(
-            argv=tuple(embedded.vllm_argv(python, speculative=spec)),
-            env=embedded.ENGINE_ENV,
-            model=str(model_dir),
-            served_model=embedded.SERVED_MODEL,
-        ),
-        suite=_suite(None, rows),
+    root = out or _default_out("demo")
+    suite = _suite(None, rows)
+    gates = GateConfig(long_context_threshold=800, rollover_boundary=1024)
+
+    def config_for(which: str) -> LegConfig:
+        spec = embedded.NGRAM_SPEC if which == "ngram" else None
+        return LegConfig(
+            name=f"{which}", arm=which,
+            server=ServerSpec(argv=tuple(embedded.vllm_argv(python, speculative=spec)),
+                              env=embedded.ENGINE_ENV, model=str(model_dir),
+                              served_model=embedded.SERVED_MODEL),
+            suite=suite,
+            gates=gates.model_copy(update={"log_rules": embedded.arm_log_rules(which)}),
+        )
+
+    err_console.print("[bold]1/2 teacher[/]: the plain arm's outputs become the reference")
+    teacher_config = config_for("plain")
+    _execute(teacher_config, root / "teacher-leg", print_results=False)
+    captured = write_teacher(
+        root / "teacher.json",
+        teacher_from_run(root / "teacher-leg", teacher_config, model_manifest(model_dir)),
     )
-    _execute(leg_config, out or _default_out(f"demo-{arm}"), show_log_tail=False)
+    err_console.print(f"teacher: {captured}")
+    err_console.print(f"[bold]2/2 measured leg[/]: arm {arm}, checked against the teacher")
+    _execute(config_for(arm), root / f"leg-{arm}", teacher=load_teacher(captured))
+
+
+@app.command("cache-audit")
+@_guard
+def cache_audit(
+    server_cmd: ServerCmd = None, model: ModelOpt = None, served_model: ServedModel = None,
+    config: ConfigOpt = None, suite: SuiteOpt = None, out: OutOpt = None, port: PortOpt = None,
+    env: EnvOpt = None, endpoint: EndpointOpt = None, ready_timeout: ReadyOpt = None,
+    row: Annotated[int | None, typer.Option(help="Suite row to repeat (default: longest).")] = None,
+    threshold_pct: Annotated[
+        float, typer.Option(help="Fail when the repeat's TTFT is this much faster (%).")
+    ] = 20.0,
+) -> None:
+    """Repeat one prompt on one server; fail when the repeat is materially faster (cf. TEST04)."""
+    from tokrecord.experiment.audit import audit_suite, judge_audit
+
+    base = _leg_config(
+        server_cmd=server_cmd, model=model, served_model=served_model, config=config,
+        suite=suite, rows=None, port=port, env=env, endpoint=endpoint, headline=None,
+        ready_timeout=ready_timeout, name="cache-audit",
+    )
+    audit_config = base.model_copy(update={"suite": audit_suite(base.suite, row)})
+    result = _execute(audit_config, out or _default_out("cache-audit"), print_results=False)
+    verdict = judge_audit(result, threshold_pct)
+    out_console.print(verdict.text)
+    if not verdict.passed:
+        raise typer.Exit(4)
 
 
 @app.command("build-model")
@@ -244,15 +351,15 @@ def version() -> None:
 
 
 def _sigterm(signum: int, frame: FrameType | None) -> NoReturn:
-    # Turn SIGTERM into the same path as Ctrl-C so every finally block (server
-    # stop, cleanup proof, partial results) runs.
+    # SIGTERM takes the Ctrl-C path, so every finally block (server stop, cleanup
+    # proof, partial results) runs.
     raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
-    # standalone_mode: click itself reports usage errors (exit 2). Our own errors and
-    # Ctrl-C are turned into messages by _guard inside each command.
+    # standalone_mode: click reports usage errors itself (exit 2); our own errors and
+    # Ctrl-C become messages in _guard.
     try:
         app(args=argv, prog_name="tokrecord", standalone_mode=True)
     except SystemExit as exc:

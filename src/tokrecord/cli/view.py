@@ -144,3 +144,49 @@ def print_leg(out: Console, err: Console, result: LegResult) -> None:
     out.print(f"run dir: {escape(result.run_dir)}", soft_wrap=True)
     for warning in result.summary.warnings:
         err.print(f"[yellow]warning:[/] {escape(warning)}")
+
+
+_STATUS_STYLE = {"pass": "green", "fail": "bold red", "not tested": "yellow"}
+# Short terminal labels; gates.json keeps the full names.
+_LABELS = {
+    "teacher_exact": "teacher exact",
+    "cached_tokens_zero": "cached tokens 0",
+    "full_output_then_next": "full then next",
+    "long_context_then_next": "long then next",
+    "rollover": "rollover",
+    "token_count_integrity": "token counts",
+    "fresh_unique_prompts": "fresh prompts",
+    "single_active_generation": "single active",
+    "no_warmup_generation": "no warmup",
+    "one_suite_invocation": "one invocation",
+    "zero_retries": "zero retries",
+    "first_valid_score_is_reported_score": "first score",
+    "cleanup": "cleanup",
+    "treatment_attestation": "attestation",
+    "cross_leg_exact": "cross-leg exact",
+}
+
+
+def gates_table(result: LegResult) -> Table:
+    verdict = "VALID" if result.valid else "NOT VALID"
+    table = Table(title=f"quality gates: leg {verdict}", box=None, padding=(0, 1))
+    table.add_column("gate", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("count", justify="right", no_wrap=True)
+    table.add_column("evidence")
+    for gate in result.gates:
+        style = _STATUS_STYLE.get(gate.status.value, "")
+        label = _LABELS.get(gate.name, gate.name)
+        name = label if gate.required else f"{label}*"
+        table.add_row(name, f"[{style}]{gate.status.value}[/]", gate.count or "",
+                      escape(gate.reason))
+    return table
+
+
+def print_gates(out: Console, result: LegResult) -> None:
+    if not result.gates:
+        return
+    out.print(gates_table(result))
+    out.print("  * optional: may be not tested; a failure still invalidates the leg")
+    if not result.valid:
+        out.print("[bold red]leg not valid:[/] " + escape("; ".join(result.invalid_reasons)))

@@ -22,7 +22,25 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokrecord import __version__
 from tokrecord.client import Endpoint, RowTrace, build_body, stream_row
 from tokrecord.errors import StreamError, TokrecordError
-from tokrecord.evidence import RunDir, canonical_json
+from tokrecord.evidence import RunDir, canonical_json, read_jsonl
+from tokrecord.gates import (
+    GateConfig,
+    GateResult,
+    RowOutcome,
+    cached_tokens_zero,
+    cleanup_gate,
+    exactness,
+    first_valid_score,
+    full_output_then_next,
+    leg_valid,
+    long_context_then_next,
+    request_log_gates,
+    rollover,
+    teacher_exact,
+    token_count_integrity,
+    treatment_attestation,
+)
+from tokrecord.gates.teacher import Teacher, TeacherRow
 from tokrecord.metrics import (
     Convention,
     EngineCounters,
@@ -39,6 +57,7 @@ from tokrecord.suite import Suite, SuiteRow
 SCHEMA_SUMMARY = "tokrecord.leg-summary/v1"
 SCHEMA_ROWS = "tokrecord.leg-rows/v1"
 SCHEMA_CONFIG = "tokrecord.leg-config/v1"
+SCHEMA_GATES = "tokrecord.leg-gates/v1"
 
 
 class ServerSpec(BaseModel):
@@ -72,6 +91,7 @@ class LegConfig(BaseModel):
     headline: Convention = Convention.CONVENTIONAL
     request_extra: dict[str, Any] = Field(default_factory=dict)
     request_timeout_s: float = Field(default=600.0, gt=0)
+    gates: GateConfig = Field(default_factory=GateConfig)
 
 
 class RowRecord(BaseModel):
@@ -105,6 +125,10 @@ class LegResult(BaseModel):
     rows_count_match: int
     rows_cached_zero: int
     rows_cached_reported: int
+    teacher_sha256: str | None = None
+    gates: tuple[GateResult, ...] = ()
+    valid: bool = False
+    invalid_reasons: tuple[str, ...] = ()
     run_dir: str
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -183,6 +207,7 @@ def run_leg(
     out: Path,
     observer: LegObserver | None = None,
     *,
+    teacher: Teacher | None = None,
     http_factory: Callable[[str, float], httpx.Client] | None = None,
 ) -> LegResult:
     obs: LegObserver = observer or NullObserver()
@@ -256,9 +281,9 @@ def run_leg(
             # The original error is what the user needs; a second one here must not hide it.
             with contextlib.suppress(Exception):
                 _write_results(run, config, records, before, after, status, error, ready_s,
-                               time.monotonic() - t0, cleanup)
+                               time.monotonic() - t0, cleanup, teacher)
     return _write_results(run, config, records, before, after, status, error, ready_s,
-                          time.monotonic() - t0, cleanup)
+                          time.monotonic() - t0, cleanup, teacher)
 
 
 def _write_results(
@@ -272,8 +297,21 @@ def _write_results(
     ready_s: float | None,
     wall_s: float,
     cleanup: CleanupReport | None,
+    teacher: Teacher | None,
 ) -> LegResult:
     summary, engine = compute_leg(records, config, before, after)
+    if teacher is not None:
+        run.write_json("teacher.json", teacher.to_json())
+    gates = evaluate_gates(
+        records, config, engine, cleanup, teacher,
+        requests=[e for e in read_jsonl(run.file("events.jsonl")) if e["kind"] == "request"],
+        metrics_before=before,
+        server_log=run.file("server.log").read_text(errors="replace")
+        if run.file("server.log").exists() else "",
+    )
+    valid, invalid = leg_valid(gates)
+    if status != "complete":
+        valid, invalid = False, [f"leg {status}", *invalid]
     result = LegResult(
         name=config.name, arm=config.arm, status=status, error=error,
         suite_sha256=config.suite.sha256, rows_planned=len(config.suite.rows),
@@ -284,8 +322,12 @@ def _write_results(
         rows_count_match=sum(1 for r in records if r.count_matches),
         rows_cached_zero=sum(1 for r in records if r.trace.cached_tokens == 0),
         rows_cached_reported=sum(1 for r in records if r.trace.cached_tokens is not None),
+        teacher_sha256=teacher.sha256 if teacher is not None else None,
+        gates=tuple(gates), valid=valid, invalid_reasons=tuple(invalid),
         run_dir=str(run.path),
     )
+    run.write_json("gates.json", {"schema": SCHEMA_GATES, "valid": valid,
+                                  "gates": [g.model_dump(mode="json") for g in gates]})
     run.write_json("rows.json", {"schema": SCHEMA_ROWS,
                                  "rows": [r.model_dump(mode="json") for r in records]})
     run.write_json("summary.json", result.model_dump(mode="json", by_alias=True))
@@ -293,3 +335,87 @@ def _write_results(
         run.write_json("error.json", {"status": status, "error": error,
                                       "rows_completed": len(records)})
     return result
+
+
+def outcomes(records: list[RowRecord], config: LegConfig) -> list[RowOutcome]:
+    return [
+        RowOutcome(
+            row=r.trace.row, row_id=r.trace.row_id, prompt_sha256=r.trace.prompt_sha256,
+            max_tokens=config.suite.rows[r.trace.row].max_tokens, token_ids=r.trace.token_ids,
+            text=r.trace.text, finish_reason=r.trace.finish_reason, n_tokens=r.trace.n_tokens,
+            completion_tokens=r.trace.completion_tokens, prompt_tokens=r.trace.prompt_tokens,
+            cached_tokens=r.trace.cached_tokens, t_send_ns=r.trace.t_send_ns,
+            t_end_ns=r.trace.t_end_ns,
+        )
+        for r in records
+    ]
+
+
+def evaluate_gates(
+    records: list[RowRecord],
+    config: LegConfig,
+    engine: EngineCounters | None,
+    cleanup: CleanupReport | None,
+    teacher: Teacher | None,
+    *,
+    requests: list[dict[str, Any]],
+    metrics_before: Mapping[str, float] | None,
+    server_log: str,
+) -> list[GateResult]:
+    """Every quality gate of one leg, from what the leg recorded."""
+    rows = outcomes(records, config)
+    exact = exactness(rows, teacher)
+    return [
+        teacher_exact(rows, teacher),
+        cached_tokens_zero(rows, engine.prefix_cache_hits if engine else None,
+                           engine.prefix_cache_queries if engine else None),
+        full_output_then_next(rows, exact),
+        long_context_then_next(rows, exact, config.gates.long_context_threshold),
+        rollover(rows, exact, config.gates.rollover_boundary),
+        token_count_integrity(rows),
+        *request_log_gates(rows, requests, len(config.suite.rows), metrics_before, server_log),
+        first_valid_score(1),
+        cleanup_gate(cleanup.passed if cleanup else None,
+                     cleanup.surviving_workers if cleanup else None,
+                     cleanup.port_listening_after if cleanup else None),
+        treatment_attestation(config.gates.log_rules, server_log),
+    ]
+
+
+def load_rows(run_dir: Path) -> list[RowRecord]:
+    import json
+
+    data = json.loads((run_dir / "rows.json").read_text(encoding="utf-8"))
+    return [RowRecord.model_validate(r) for r in data["rows"]]
+
+
+def teacher_from_run(
+    run_dir: Path, config: LegConfig, model_manifest: dict[str, str] | None
+) -> Teacher:
+    """A teacher from a complete leg's recorded rows."""
+    import datetime as dt
+
+    records = load_rows(run_dir)
+    if len(records) != len(config.suite.rows):
+        raise TokrecordError(
+            f"cannot capture a teacher from {run_dir}: {len(records)} of "
+            f"{len(config.suite.rows)} rows completed"
+        )
+    return Teacher(
+        created_utc=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        suite_name=config.suite.name,
+        suite_sha256=config.suite.sha256,
+        model=config.server.model,
+        model_manifest=model_manifest,
+        arm={"name": config.arm, "argv": list(config.server.argv), "env": config.server.env},
+        source_run=str(run_dir),
+        rows=tuple(
+            TeacherRow(
+                row=r.trace.row, row_id=r.trace.row_id, prompt_sha256=r.trace.prompt_sha256,
+                token_ids=r.trace.token_ids, text=r.trace.text,
+                finish_reason=r.trace.finish_reason, n_tokens=r.trace.n_tokens,
+                compare_by="token_ids" if r.trace.token_ids is not None else "text",
+            )
+            for r in records
+        ),
+    )

