@@ -7,6 +7,7 @@ the first is evidence that a measured run could have been helped, so it fails.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -42,7 +43,9 @@ def audit_suite(suite: Suite, row: int | None) -> Suite:
         SuiteRow(id=f"{base.id}#{k}", prompt=base.prompt, max_tokens=min(base.max_tokens, 32))
         for k in (1, 2)
     )
-    return Suite(name=f"cache-audit[{base.id}]", sha256=suite.sha256, rows=copies)
+    # A suite of its own: an audit run must never pass for a run of the full suite.
+    digest = hashlib.sha256(f"{suite.sha256}:cache-audit:{index}".encode()).hexdigest()
+    return Suite(name=f"cache-audit[{base.id}]", sha256=digest, rows=copies)
 
 
 def judge_audit(result: LegResult, threshold_pct: float) -> AuditVerdict:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tokrecord.gates.teacher import Teacher, TeacherRow
 
@@ -55,6 +55,16 @@ class LogRule(BaseModel):
     expect: Literal["present", "absent", "count"] = "present"
     count: int | None = None
     required: bool = False  # a required rule that does not hold fails the gate
+
+    @model_validator(mode="after")
+    def _count_given_for_count_rules(self) -> LogRule:
+        if (self.expect == "count") != (self.count is not None):
+            raise ValueError("'count' is required with expect = \"count\" and only then")
+        try:  # a bad regex is a config error now, not a silent non-match later
+            re.compile(self.pattern)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {self.pattern!r}: {exc}") from exc
+        return self
 
     def check(self, log_text: str) -> tuple[bool, int]:
         found = len(re.findall(self.pattern, log_text, flags=re.MULTILINE))
@@ -170,20 +180,20 @@ def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None) -> Ga
         d = compare_row(o, t)
         if d is not None:
             divergences.append(d)
-    if len(outcomes) != len(teacher.rows):
-        divergences.append(Divergence(
-            row=len(outcomes), row_id="", mode="token_ids", index=None, expected=[], got=[],
-            reason=f"leg has {len(outcomes)} rows, teacher {len(teacher.rows)}"))
-    exact = len(outcomes) - sum(1 for d in divergences if d.row < len(outcomes))
+    exact = len(outcomes) - len(divergences)
+    missing = len(teacher.rows) - len(outcomes)
     evidence: dict[str, Any] = {"compared_by": sorted(modes), "teacher_sha256": teacher.sha256,
                                 "divergences": [d.model_dump() for d in divergences]}
     if "text" in modes:
         evidence["fallback"] = "some rows compared by text: the server returned no token ids"
-    if divergences:
-        first = divergences[0]
+    if missing:
+        evidence["rows_missing_from_leg"] = missing
+    if divergences or missing:
+        reason = (f"row {divergences[0].row} ({divergences[0].row_id}): {divergences[0].reason}"
+                  if divergences else f"the leg has {len(outcomes)} rows, the teacher "
+                  f"{len(teacher.rows)}")
         return GateResult(name=name, status=GateStatus.FAIL, count=_fraction(exact, len(outcomes)),
-                          reason=f"row {first.row} ({first.row_id}): {first.reason}",
-                          evidence=evidence)
+                          reason=reason, evidence=evidence)
     return GateResult(name=name, status=GateStatus.PASS, count=_fraction(exact, len(outcomes)),
                       reason="every row matches the teacher " + "/".join(sorted(modes)),
                       evidence=evidence)
@@ -199,11 +209,14 @@ def cross_leg_exact(legs: Mapping[str, Sequence[RowOutcome]]) -> GateResult:
     mismatches = []
     for other in names[1:]:
         for a, b in zip(ref, legs[other], strict=False):
-            if (a.token_ids, a.text) != (b.token_ids, b.text):
-                ids_a = a.token_ids if a.token_ids is not None else a.text
-                ids_b = b.token_ids if b.token_ids is not None else b.text
-                mismatches.append({"leg": other, "row": a.row,
-                                   "index": first_divergence(ids_a, ids_b)})
+            # Token ids when both legs have them; text only as the fallback.
+            both_ids = a.token_ids is not None and b.token_ids is not None
+            seq_a: Sequence[Any] = a.token_ids if both_ids and a.token_ids is not None else a.text
+            seq_b: Sequence[Any] = b.token_ids if both_ids and b.token_ids is not None else b.text
+            index = first_divergence(seq_a, seq_b)
+            if index is not None:
+                mismatches.append({"leg": other, "row": a.row, "index": index,
+                                   "compared_by": "token_ids" if both_ids else "text"})
         if len(ref) != len(legs[other]):
             mismatches.append({"leg": other, "row": None, "index": None})
     total = sum(len(v) for v in legs.values())
@@ -294,6 +307,7 @@ def long_context_then_next(
     pairs = [(o.row, o.row + 1) for o in followed]
     ok = [p for p in pairs if exact.get(p[1])]
     evidence["pairs"] = pairs
+    longest = max(followed, key=lambda o: o.prompt_tokens or 0)
     status = GateStatus.PASS if len(ok) == len(pairs) else GateStatus.FAIL
     return GateResult(name=name, status=status, count=_fraction(len(ok), len(pairs)), required=False,
                       evidence=evidence,
@@ -308,8 +322,10 @@ def rollover(
     if boundary is None:
         return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
                           reason="no boundary declared (sliding window, block size)")
+    # A row crosses when the context that produced its last token (prompt + n - 1)
+    # exceeds the boundary while its prompt alone does not.
     crossing = [o.row for o in outcomes if o.prompt_tokens is not None
-                and o.prompt_tokens < boundary <= o.prompt_tokens + o.n_tokens]
+                and o.prompt_tokens < boundary < o.prompt_tokens + o.n_tokens - 1]
     evidence = {"boundary": boundary, "rows": crossing}
     if not crossing:
         return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False, evidence=evidence,
@@ -326,6 +342,12 @@ def rollover(
 
 def token_count_integrity(outcomes: Sequence[RowOutcome]) -> GateResult:
     name = "token_count_integrity"
+    unreported = [o.row for o in outcomes if o.completion_tokens is None]
+    if unreported:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED,
+                          reason=f"rows {unreported} carry no server-reported completion_tokens "
+                          "(ask for stream_options.include_usage)",
+                          evidence={"rows_unreported": unreported})
     bad: list[dict[str, Any]] = []
     for o in outcomes:
         if o.completion_tokens != o.n_tokens:

@@ -66,6 +66,8 @@ def load_teacher(path: Path) -> Teacher:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read teacher {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: teacher is not UTF-8 text") from exc
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: teacher is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
     try:

@@ -127,7 +127,9 @@ def ensure_engine(log: Callable[[str], None] | None = None) -> Path:
     return venv / "bin" / "python"
 
 
-def vllm_argv(python: Path, *, speculative: dict[str, object] | None = None) -> list[str]:
+def vllm_argv(
+    python: Path, *, speculative: dict[str, object] | None = None, prefix_caching: bool = False
+) -> list[str]:
     """The server command template for the embedded engine ({model}, {host}, {port})."""
     argv = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
@@ -140,8 +142,9 @@ def vllm_argv(python: Path, *, speculative: dict[str, object] | None = None) -> 
         "--dtype", "float32",
         "--max-model-len", "2048",
         "--seed", "0",
-        # No cache may help a measured row; and cached_tokens must be reported.
-        "--no-enable-prefix-caching",
+        # No cache may help a measured row (on only for cache audits); and
+        # cached_tokens must be reported either way.
+        "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
         "--enable-prompt-tokens-details",
     ]
     if speculative is not None:
