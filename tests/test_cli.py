@@ -22,7 +22,7 @@ def test_leg_against_fake_prints_summary(tmp_path: Path) -> None:
                "--rows", "2", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "tok_s_out" in proc.stdout and "conventional" in proc.stdout
-    assert "row  2/2" in proc.stderr and "server ready" in proc.stderr
+    assert "  2/2 " in proc.stderr and "server ready" in proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["summary"]["rows"] == 2
 
@@ -137,3 +137,25 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 130
     assert json.loads((out / "cleanup.json").read_text())["passed"] is True
+
+
+def test_teacher_then_leg_and_cache_audit(tmp_path: Path) -> None:
+    cmd = FAKE_CMD + " --tok-s 4000 --ttft-ms 30"
+    proc = run("teacher", "--server-cmd", cmd, "--model", "m", "--rows", "3",
+               "--out", str(tmp_path / "t"))
+    assert proc.returncode == 0, proc.stderr
+    teacher = tmp_path / "t.teacher.json"
+    assert teacher.is_file() and "teacher:" in proc.stdout
+    proc = run("leg", "--server-cmd", cmd, "--model", "m", "--rows", "3",
+               "--out", str(tmp_path / "l"), "--teacher", str(teacher))
+    assert proc.returncode == 0, proc.stderr
+    assert "quality gates: leg VALID" in proc.stdout and "teacher exact" in proc.stdout
+    # a teacher from another suite is refused before any server starts
+    proc = run("leg", "--server-cmd", cmd, "--model", "m", "--rows", "2",
+               "--out", str(tmp_path / "l2"), "--teacher", str(teacher))
+    assert proc.returncode == 2 and "teacher was captured on suite" in proc.stderr
+    # the fake server caches nothing: the audit passes
+    proc = run("cache-audit", "--server-cmd", cmd, "--model", "m", "--out", str(tmp_path / "a"),
+               "--threshold-pct", "50")
+    assert proc.returncode == 0, proc.stderr
+    assert "cache audit: PASS" in proc.stdout

@@ -741,7 +741,8 @@ def test_treatment_attestation_optional_rule_not_holding_is_not_claimed() -> Non
              LogRule(claim="draft lm_head attribution", pattern="lm_head prepared"))
     g = treatment_attestation(rules, LOG)
     assert g.status is PASS and g.count == "1/2"  # an optional claim not made does not fail
-    assert g.reason == "1 of 2 claims supported by the server log"
+    assert g.reason == ("1 of 2 claims supported by the server log; not claimed: draft lm_head "
+                        "attribution (log evidence present does not hold)")
     lm = g.evidence["claims"][1]
     assert lm["holds"] is False and lm["found"] == 0 and lm["expected"] == "present"
     assert lm["statement"] == ("draft lm_head attribution: not claimed because the expected log "

@@ -126,3 +126,33 @@ def test_fake_server_module_runs() -> None:
     proc = subprocess.run([sys.executable, "-m", "tokrecord.server.fake", "--help"],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and "--tok-s" in proc.stdout
+
+
+def test_one_token_change_in_teacher_fails_at_that_index(fake_argv: list[str], run_root: Path) -> None:
+    from tokrecord.experiment.leg import teacher_from_run
+    from tokrecord.gates import GateStatus
+    from tokrecord.gates.teacher import load_teacher, write_teacher
+
+    cfg = config(fake_argv, "--ttft-ms", "5", "--tok-s", "4000")
+    run_leg(cfg, run_root / "teacher-leg")
+    teacher_path = write_teacher(run_root / "teacher.json",
+                                 teacher_from_run(run_root / "teacher-leg", cfg, None))
+    good = run_leg(cfg, run_root / "exact", teacher=load_teacher(teacher_path))
+    assert good.valid and good.gates[0].count == "3/3"
+
+    data = json.loads(teacher_path.read_text())
+    ids = data["rows"][1]["token_ids"]
+    ids[57] = (ids[57] + 1) % 4096
+    bad_path = run_root / "bad-teacher.json"
+    bad_path.write_text(json.dumps(data))
+    bad = run_leg(cfg, run_root / "diverged", teacher=load_teacher(bad_path))
+    exact = bad.gates[0]
+    assert exact.name == "teacher_exact" and exact.status is GateStatus.FAIL
+    assert exact.count == "2/3"
+    divergence = exact.evidence["divergences"][0]
+    assert divergence["row"] == 1 and divergence["index"] == 57
+    assert divergence["expected"][4] == ids[57] and divergence["got"][4] != ids[57]
+    assert not bad.valid and "teacher_exact: fail" in bad.invalid_reasons
+    # row 0 is full and row 1 now diverges: the sequence gate sees it too
+    assert next(g for g in bad.gates if g.name == "full_output_then_next").status is GateStatus.FAIL
+    assert json.loads((run_root / "diverged" / "gates.json").read_text())["valid"] is False

@@ -74,8 +74,8 @@ class RichLegObserver:
         m = record.metrics
         flags = f" [yellow]{','.join(m.flags)}[/]" if m.flags else ""
         self.console.print(
-            f"  row {index + 1:>2}/{self._total} {escape(record.trace.row_id[:22]):<22} "
-            f"{m.n_tokens:>4} tok  ttft {fmt(m.ttft_ms, 1):>7} ms "
+            f"  {index + 1:>2}/{self._total} {escape(record.trace.row_id[:20]):<20} "
+            f"{m.n_tokens:>4} tok ttft {fmt(m.ttft_ms, 1):>7} ms "
             f"{fmt(m.rate_conventional, 1):>9} tok/s {record.trace.finish_reason}{flags}"
         )
 
@@ -105,8 +105,9 @@ def summary_table(result: LegResult) -> Table:
     bound = s.quantisation_bound_pct_max
     table.add_row("  chunk-aware", fmt(s.tok_s_out_chunk_aware),
                   f"per-token forms ±{fmt(bound)} % (chunks)" if bound else "one token per chunk")
-    table.add_row("p10 / mean / stdev",
-                  f"{fmt(s.tok_s_out_p10)} / {fmt(s.tok_s_out_mean)} / {fmt(s.tok_s_out_stdev)}", "")
+    table.add_row("p10", fmt(s.tok_s_out_p10), "tok/s, linear interpolation")
+    table.add_row("mean / stdev", f"{fmt(s.tok_s_out_mean)} / {fmt(s.tok_s_out_stdev)}",
+                  "tok/s, sample stdev")
     table.add_row("full after TTFT", fmt(s.tok_s_full_after_ttft_median), "median, tok/s")
     table.add_row("wall full", fmt(s.tok_s_wall_full_median), "median, tok/s")
     table.add_row("TTFT", fmt(s.ttft_ms_median), "median, ms")

@@ -479,7 +479,9 @@ def treatment_attestation(rules: Sequence[LogRule], server_log: str) -> GateResu
     return GateResult(
         name=name, status=status, count=_fraction(made, len(claims)), required=False,
         reason=f"required claims not supported by the log: {failed_required}" if failed_required
-        else f"{made} of {len(claims)} claims supported by the server log",
+        else f"{made} of {len(claims)} claims supported by the server log"
+        + "".join(f"; not claimed: {c['claim']} (log evidence {c['expected']} does not hold)"
+                  for c in claims if not c["holds"]),
         evidence={"claims": claims})
 
 
