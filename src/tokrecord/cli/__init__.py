@@ -21,13 +21,13 @@ from rich.text import Text
 from tokrecord import __version__
 from tokrecord.client import Endpoint
 from tokrecord.errors import ConfigError, TokrecordError
-from tokrecord.experiment.leg import LegConfig, LegResult, ServerSpec, run_leg, teacher_from_run
-from tokrecord.gates import GateConfig
+from tokrecord.experiment.leg import LegConfig, LegResult, run_leg, teacher_from_run
+from tokrecord.experiment.plan import Plan, load_plan
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.metrics import Convention
 from tokrecord.suite import Suite, load_suite
 
-from .view import RichLegObserver, print_gates, print_leg
+from .view import RichExperimentObserver, RichLegObserver, print_experiment, print_gates, print_leg
 
 app = typer.Typer(
     name="tokrecord",
@@ -237,50 +237,65 @@ def teacher_cmd(
     out_console.print(f"teacher: {target} ({len(captured.rows)} rows, sha256 {captured.sha256})")
 
 
+def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> dict[str, Any]:
+    from tokrecord.experiment.runner import build_record, finish, run_experiment
+
+    err_console.print(
+        f"[bold]experiment[/] {plan.name} ({plan.design.value}), plan sha256 {plan.sha256[:16]}… "
+        f"preregistered in {exp_dir}"
+    )
+    observer = RichExperimentObserver(err_console)
+    results = run_experiment(plan, exp_dir, observer, plan_text=plan_text)
+    record = build_record(plan, exp_dir, results)
+    path = finish(exp_dir, record)
+    if plan.design.value == "single":
+        print_leg(out_console, err_console, results["B1"])
+        print_gates(out_console, results["B1"])
+        out_console.print(f"[bold]{record['status']}[/]: record {path}")
+    else:
+        print_experiment(out_console, record, path)
+    return record
+
+
+@app.command("run")
+@_guard
+def run_plan(
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="Plan file (TOML).")],
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Experiment directory (default: tokrecord-runs/<name>-<plan hash>)."),
+    ] = None,
+) -> None:
+    """Run (or resume) a preregistered experiment and print its result."""
+    from tokrecord.experiment.runner import default_experiment_dir
+
+    plan = load_plan(plan_path)
+    _execute_plan(plan, out or default_experiment_dir(plan), plan_path.read_bytes())
+
+
 @app.command()
 @_guard
 def demo(
-    out: Annotated[Path | None, typer.Option(help="New directory for the demo's runs.")] = None,
+    out: Annotated[Path | None, typer.Option(help="New directory for the demo experiment.")] = None,
     rows: RowsOpt = None,
-    arm: Annotated[
-        str, typer.Option(help="Measured arm: ngram (speculative decoding) or plain.")
-    ] = "ngram",
+    idle_gap: Annotated[float, typer.Option(help="Seconds between legs.")] = 5.0,
 ) -> None:
-    """Teacher on the plain arm, then a measured leg with every gate: zero configuration."""
-    from tokrecord.demo.model import build_demo_model, model_manifest
+    """A full preregistered ABBA on the embedded engine: plain vs ngram speculative decoding."""
+    from tokrecord.demo.model import build_demo_model
     from tokrecord.server import embedded
 
-    if arm not in ("plain", "ngram"):
-        raise ConfigError(f"--arm must be 'plain' or 'ngram', not {arm!r}")
     python = embedded.ensure_engine(lambda m: err_console.print(f"[dim]{m}[/]"))
     err_console.print("building the demo model (cached after the first time)…")
     model_dir = build_demo_model(embedded.cache_root() / "models")
     err_console.print(f"demo model: {model_dir}")
-    root = out or _default_out("demo")
-    suite = _suite(None, rows)
-    gates = GateConfig(long_context_threshold=800, rollover_boundary=1024)
-
-    def config_for(which: str) -> LegConfig:
-        spec = embedded.NGRAM_SPEC if which == "ngram" else None
-        return LegConfig(
-            name=f"{which}", arm=which,
-            server=ServerSpec(argv=tuple(embedded.vllm_argv(python, speculative=spec)),
-                              env=embedded.ENGINE_ENV, model=str(model_dir),
-                              served_model=embedded.SERVED_MODEL),
-            suite=suite,
-            gates=gates.model_copy(update={"log_rules": embedded.arm_log_rules(which)}),
-        )
-
-    err_console.print("[bold]1/2 teacher[/]: the plain arm's outputs become the reference")
-    teacher_config = config_for("plain")
-    _execute(teacher_config, root / "teacher-leg", print_results=False)
-    captured = write_teacher(
-        root / "teacher.json",
-        teacher_from_run(root / "teacher-leg", teacher_config, model_manifest(model_dir)),
+    plan = embedded.demo_plan(python, model_dir, rows=rows, idle_gap_s=idle_gap)
+    err_console.print(
+        f"demo: teacher from the plain arm, then A1 B1 B2 A2 (control plain, candidate ngram), "
+        f"{plan.suite_rows or 13} rows each, {idle_gap:g} s idle gap between legs (a real plan "
+        "uses 60 s or more); no prior record is declared, so the record gate shows why it "
+        "cannot pass"
     )
-    err_console.print(f"teacher: {captured}")
-    err_console.print(f"[bold]2/2 measured leg[/]: arm {arm}, checked against the teacher")
-    _execute(config_for(arm), root / f"leg-{arm}", teacher=load_teacher(captured))
+    _execute_plan(plan, out or _default_out("demo"), None)
 
 
 @app.command("cache-audit")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -191,3 +192,80 @@ def print_gates(out: Console, result: LegResult) -> None:
     out.print("  * optional: may be not tested; a failure still invalidates the leg")
     if not result.valid:
         out.print("[bold red]leg not valid:[/] " + escape("; ".join(result.invalid_reasons)))
+
+
+class RichExperimentObserver(RichLegObserver):
+    """Leg headers, idle gaps and kept legs on top of the per-leg progress."""
+
+    def leg_starting(self, name: str, arm: str, attempt: int, index: int, total: int) -> None:
+        again = f", attempt {attempt} (earlier attempts interrupted)" if attempt > 1 else ""
+        which = "teacher capture" if name == "teacher" else f"leg {index}/{total}"
+        self.console.rule(f"[bold]{which}: {name} ({arm}){again}")
+
+    def leg_kept(self, name: str, result: LegResult) -> None:
+        self.console.print(f"leg {name}: complete earlier, kept "
+                           f"({fmt(result.summary.tok_s_out)} tok/s) — {escape(result.run_dir)}")
+
+    def idle_wait(self, before: str, seconds: float) -> None:
+        self.console.print(f"idle gap before {before}: waiting {seconds:.1f} s")
+
+
+def _pct(value: Any) -> str:
+    return "—" if value is None else f"{value:+.3f} %"
+
+
+def experiment_tables(record: dict[str, Any]) -> list[Table]:
+    runs = Table(title=f"experiment {record['experiment']} — legs", box=None, padding=(0, 1))
+    for col in ("leg", "arm", "tok/s", "p10", "TTFT ms", "cycle ms", "acc.", "exact", "valid"):
+        runs.add_column(col, justify="right" if col not in ("leg", "arm") else "left")
+    for name, leg in record["runs"].items():
+        runs.add_row(name, leg["treatment"], fmt(leg["headline_tok_s"]), fmt(leg["p10_tok_s"]),
+                     fmt(leg["ttft_median_ms"], 1), fmt(leg["aggregate_cycle_ms"]),
+                     fmt(leg["draft_acceptance_rate"], 3), leg["teacher_exact"],
+                     "yes" if leg["valid"] else "[red]NO[/]")
+    pairs = Table(title="pairs (candidate vs control)", box=None, padding=(0, 1))
+    for col in ("pair", "headline Δ", "paired median Δ", "row wins", "cycle saving ms", "pass"):
+        pairs.add_column(col, justify="left" if col == "pair" else "right")
+    for name, p in record["pair_results"].items():
+        pairs.add_row(name, _pct(p["headline_delta_pct"]), _pct(p["paired_median_delta_pct"]),
+                      p["candidate_row_wins"], fmt(p["aggregate_cycle_saving_ms"], 3),
+                      "[green]pass[/]" if p["passed"] else "[red]fail[/]")
+    q = record["quality"]
+    quality = Table(title="quality across legs", box=None, padding=(0, 1), show_header=False)
+    quality.add_column("gate")
+    quality.add_column("value", justify="right")
+    for key in ("all_legs_teacher_exact", "all_legs_cross_exact", "all_legs_cached_zero",
+                "full_output_then_next_exact", "long_then_next_exact", "rollover_exact",
+                "token_count_integrity", "cleanup_passed_all_legs", "all_legs_valid", "retries"):
+        quality.add_row(key, str(q[key]))
+    gate = record["record_gate"]
+    rg = Table(title="record gate (strict preregistered)", box=None, padding=(0, 1),
+               show_header=False)
+    rg.add_column("figure")
+    rg.add_column("value", justify="right")
+    rg.add_row("candidate lower / higher", f"{fmt(gate['candidate_lower_start_tok_s'])} / "
+               f"{fmt(gate['candidate_higher_start_tok_s'])}")
+    rg.add_row("control lower", fmt(gate["control_lower_start_tok_s"]))
+    rg.add_row("prior record", fmt(gate["prior_record_tok_s"]))
+    rg.add_row("delta vs prior", f"{fmt(gate['delta_vs_prior_record_tok_s'], 3)} tok/s, "
+               f"{_pct(gate['delta_vs_prior_record_pct'])}")
+    rg.add_row("pass", "[green]PASS[/]" if gate["strict_preregistered_record_pass"]
+               else "[red]no record[/]")
+    return [runs, pairs, quality, rg]
+
+
+def print_experiment(out: Console, record: dict[str, Any], path: Path) -> None:
+    for table in experiment_tables(record):
+        out.print(table)
+    boot = record.get("bootstrap")
+    if boot:
+        out.print(
+            f"candidate/control = {boot['ratio']:.4f} "
+            f"({_pct(100 * (boot['ratio'] - 1))}), {100 * boot['confidence']:.0f} % CI "
+            f"[{boot['ci_low']:.4f}, {boot['ci_high']:.4f}] (paired bootstrap, "
+            f"{boot['samples']} samples; equivalence ±{boot['equivalence_pct']:g} %)"
+        )
+    out.print(f"[bold]verdict: {record['verdict']}[/]")
+    for reason in record["record_gate"]["reasons"]:
+        out.print(f"  no record: {escape(reason)}")
+    out.print(f"record: {escape(str(path))}", soft_wrap=True)

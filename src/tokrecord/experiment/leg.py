@@ -92,6 +92,8 @@ class LegConfig(BaseModel):
     request_extra: dict[str, Any] = Field(default_factory=dict)
     request_timeout_s: float = Field(default=600.0, gt=0)
     gates: GateConfig = Field(default_factory=GateConfig)
+    plan_sha256: str | None = None  # the preregistered plan this leg belongs to
+    attempt: int = Field(default=1, ge=1)  # >1 only after an interrupted attempt
 
 
 class RowRecord(BaseModel):
@@ -126,6 +128,8 @@ class LegResult(BaseModel):
     rows_cached_zero: int
     rows_cached_reported: int
     teacher_sha256: str | None = None
+    plan_sha256: str | None = None
+    attempt: int = 1
     gates: tuple[GateResult, ...] = ()
     valid: bool = False
     invalid_reasons: tuple[str, ...] = ()
@@ -236,6 +240,9 @@ def run_leg(
         obs.server_starting(argv, run.file("server.log"))
         server.start()
         started = True
+        # So a later resume can find (and stop) a server orphaned by a hard kill.
+        run.write_json("server.json", {"pid": server.pid, "pgid": server.pid, "port": port,
+                                       "argv": argv})
         ready_s = server.wait_ready(spec.ready_timeout_s, model=spec.request_model,
                                     on_poll=obs.server_waiting)
         obs.server_ready(ready_s)
@@ -323,6 +330,7 @@ def _write_results(
         rows_cached_zero=sum(1 for r in records if r.trace.cached_tokens == 0),
         rows_cached_reported=sum(1 for r in records if r.trace.cached_tokens is not None),
         teacher_sha256=teacher.sha256 if teacher is not None else None,
+        plan_sha256=config.plan_sha256, attempt=config.attempt,
         gates=tuple(gates), valid=valid, invalid_reasons=tuple(invalid),
         run_dir=str(run.path),
     )

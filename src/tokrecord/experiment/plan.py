@@ -1,0 +1,168 @@
+"""Plans: preregistered experiments, validated and hashed before the first leg.
+
+A plan is a TOML file. It is parsed into a frozen model (every default made
+explicit), canonicalised and hashed; that hash names the experiment and is
+written into every leg's evidence, so nothing about the design can change
+after the fact without it showing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tokrecord.client import Endpoint
+from tokrecord.errors import ConfigError
+from tokrecord.evidence import canonical_json
+from tokrecord.gates import GateConfig, LogRule
+from tokrecord.metrics import Convention
+
+SCHEMA_PLAN: Final = "tokrecord.plan/v1"
+ArmName = Literal["control", "candidate"]
+ABBA_ORDER: tuple[tuple[str, ArmName], ...] = (
+    ("A1", "control"), ("B1", "candidate"), ("B2", "candidate"), ("A2", "control"))
+PAIRS = (("B1", "A1"), ("B2", "A2"))
+
+
+class Design(StrEnum):
+    SINGLE = "single"
+    ABBA = "abba"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ServerPlan(_Strict):
+    argv: tuple[str, ...] = Field(min_length=1)
+    model: str
+    served_model: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    host: str = "127.0.0.1"
+    ready_timeout_s: float = Field(default=600.0, gt=0)
+    stop_grace_s: float = Field(default=15.0, ge=0)
+    metrics_path: str | None = "/metrics"
+
+
+class Arm(_Strict):
+    """A treatment: env and extra server args on top of the base server."""
+
+    env: dict[str, str] = Field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+    log_rules: tuple[LogRule, ...] = ()
+    description: str = ""
+
+
+class Prior(_Strict):
+    """The record to beat, and for single-leg records the goal and best exact value."""
+
+    value_tok_s: float | None = Field(default=None, gt=0)
+    id: str | None = None
+    best_exact_tok_s: float | None = Field(default=None, gt=0)
+    goal_tok_s: float | None = Field(default=None, gt=0)
+
+
+class Criteria(_Strict):
+    """Preregistered pass criteria for each ABBA pair."""
+
+    headline_delta_pct_gt: float = 0.0
+    paired_median_delta_pct_gt: float = 0.0
+    row_wins_fraction_gt: float = Field(default=0.5, ge=0, lt=1)
+
+
+class VerdictSpec(_Strict):
+    """The paired bootstrap and the thresholds of the verdict."""
+
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    bootstrap_samples: int = Field(default=10_000, ge=100)
+    seed: int = 0
+    # A confidence interval inside ±equivalence_pct of no change is NO DIFFERENCE.
+    equivalence_pct: float = Field(default=1.0, ge=0)
+    require_faster_for_record: bool = True
+
+
+class Plan(_Strict):
+    schema_id: Literal["tokrecord.plan/v1"] = Field(default=SCHEMA_PLAN, alias="schema")
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    design: Design = Design.ABBA
+    server: ServerPlan
+    arms: dict[ArmName, Arm]
+    suite: str | None = None  # path (relative to the plan file) or None: built-in
+    suite_rows: int | None = Field(default=None, ge=1)
+    teacher: str | None = None  # path, "capture" (from the control arm, fresh server), or None
+    endpoint: Endpoint = Endpoint.COMPLETIONS
+    headline: Convention = Convention.CONVENTIONAL
+    metric: str = "median_tok_s_1_100_after_ttft"
+    idle_gap_s: float = Field(default=60.0, ge=0)
+    request_extra: dict[str, Any] = Field(default_factory=dict)
+    gates: GateConfig = Field(default_factory=GateConfig)
+    gate_kind: Literal["strict-preregistered"] = "strict-preregistered"
+    prior: Prior = Field(default_factory=Prior)
+    criteria: Criteria = Field(default_factory=Criteria)
+    verdict: VerdictSpec = Field(default_factory=VerdictSpec)
+    notes: str = ""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _arms_fit_design(self) -> Plan:
+        needed = {"candidate"} if self.design is Design.SINGLE else {"control", "candidate"}
+        missing = needed - set(self.arms)
+        if missing:
+            raise ValueError(f"design {self.design.value!r} needs arms {sorted(needed)}; "
+                             f"missing {sorted(missing)}")
+        return self
+
+    @property
+    def legs(self) -> tuple[tuple[str, ArmName], ...]:
+        """(leg name, arm) in design order."""
+        return ABBA_ORDER if self.design is Design.ABBA else (("B1", "candidate"),)
+
+    def canonical(self) -> bytes:
+        return canonical_json(self.model_dump(mode="json", by_alias=True))
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.canonical()).hexdigest()
+
+
+def _friendly(source: str, exc: ValidationError) -> str:
+    lines = []
+    for e in exc.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (typo?)"
+        lines.append(f"{source}: key '{loc}': {msg}")
+    return "\n".join(lines)
+
+
+def parse_plan(data: dict[str, Any], source: str) -> Plan:
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_friendly(source, exc)) from exc
+
+
+def load_plan(path: Path) -> Plan:
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read plan {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    plan = parse_plan(raw, str(path))
+    base = path.parent
+    # Paths in a plan are relative to the plan file, not to wherever it is run from.
+    updates: dict[str, Any] = {}
+    if plan.suite is not None:
+        updates["suite"] = str((base / plan.suite).resolve())
+    if plan.teacher not in (None, "capture"):
+        updates["teacher"] = str((base / str(plan.teacher)).resolve())
+    return plan.model_copy(update=updates) if updates else plan

@@ -1,0 +1,319 @@
+"""Running a preregistered plan: preregister, legs in design order, resume, results.
+
+Layout of an experiment directory (append-only; nothing is rewritten):
+    plan.json, plan.sha256, plan.toml      the preregistration, before any leg
+    experiment.jsonl                       the state log: every event, in order
+    teacher/attempt-1/, teacher.json       when the plan captures its teacher
+    A1/attempt-1/, B1/attempt-1/, ...      one run dir per leg attempt
+    record.json                            the results, once every leg is complete
+An interrupted leg keeps its attempt dir; it is run again from scratch as the next
+attempt on a fresh server, and the record lists every attempt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import psutil
+
+from tokrecord.errors import ConfigError, TokrecordError
+from tokrecord.evidence import JsonlWriter, canonical_json, read_jsonl
+from tokrecord.experiment.leg import (
+    LegConfig,
+    LegObserver,
+    LegResult,
+    NullObserver,
+    ServerSpec,
+    run_leg,
+    teacher_from_run,
+)
+from tokrecord.experiment.plan import ArmName, Plan
+from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
+from tokrecord.suite import Suite, load_suite
+
+STATE = "experiment.jsonl"
+
+
+class ExperimentObserver(LegObserver, Protocol):
+    def leg_starting(self, name: str, arm: str, attempt: int, index: int, total: int) -> None: ...
+    def leg_kept(self, name: str, result: LegResult) -> None: ...
+    def idle_wait(self, before: str, seconds: float) -> None: ...
+
+
+class NullExperimentObserver(NullObserver):
+    def leg_starting(self, name: str, arm: str, attempt: int, index: int, total: int) -> None: ...
+    def leg_kept(self, name: str, result: LegResult) -> None: ...
+    def idle_wait(self, before: str, seconds: float) -> None: ...
+
+
+def default_experiment_dir(plan: Plan, root: Path = Path("tokrecord-runs")) -> Path:
+    return root / f"{plan.name}-{plan.sha256[:12]}"
+
+
+def plan_suite(plan: Plan) -> Suite:
+    suite = load_suite(Path(plan.suite) if plan.suite else None)
+    return suite.head(plan.suite_rows) if plan.suite_rows else suite
+
+
+def leg_config(plan: Plan, suite: Suite, name: str, arm_name: ArmName, attempt: int) -> LegConfig:
+    arm = plan.arms[arm_name]
+    s = plan.server
+    return LegConfig(
+        name=name, arm=arm_name,
+        server=ServerSpec(argv=(*s.argv, *arm.extra_args), env={**s.env, **arm.env}, model=s.model,
+                          served_model=s.served_model, host=s.host,
+                          ready_timeout_s=s.ready_timeout_s, stop_grace_s=s.stop_grace_s,
+                          metrics_path=s.metrics_path),
+        suite=suite, endpoint=plan.endpoint, headline=plan.headline,
+        request_extra=plan.request_extra,
+        gates=plan.gates.model_copy(update={"log_rules": arm.log_rules}),
+        plan_sha256=plan.sha256, attempt=attempt,
+    )
+
+
+class _State:
+    """The append-only state log of an experiment."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.events: list[dict[str, Any]] = read_jsonl(path) if path.exists() else []
+
+    def append(self, event: str, **fields: Any) -> None:
+        record = {"event": event, "utc": _utc(), "unix": time.time(), **fields}
+        writer = JsonlWriter(open(self.path, "ab"))  # noqa: SIM115 - closed below
+        try:
+            writer.write(record)
+        finally:
+            writer.close()
+        self.events.append(record)
+
+    def last_stop_unix(self) -> float | None:
+        stops = [e["unix"] for e in self.events if e["event"] == "leg_end"]
+        return max(stops) if stops else None
+
+
+def _utc() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _attempt_dirs(leg_dir: Path) -> list[Path]:
+    if not leg_dir.is_dir():
+        return []
+    return sorted((p for p in leg_dir.iterdir() if p.name.startswith("attempt-")),
+                  key=lambda p: int(p.name.split("-")[1]))
+
+
+def _complete(run_dir: Path) -> LegResult | None:
+    summary = run_dir / "summary.json"
+    if not summary.exists():
+        return None
+    result = LegResult.model_validate(json.loads(summary.read_text(encoding="utf-8")))
+    return result if result.status == "complete" else None
+
+
+def _stop_orphan(run_dir: Path) -> bool:
+    """A hard-killed run can leave its server running: stop that process group."""
+    info = run_dir / "server.json"
+    if not info.exists():
+        return False
+    pgid = int(json.loads(info.read_text())["pgid"])
+    if not psutil.pid_exists(pgid):
+        return False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+        return True
+    return False
+
+
+def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
+    """Write the plan and its hash before anything runs; on resume, check it is unchanged."""
+    state_path = exp_dir / STATE
+    if (exp_dir / "plan.sha256").exists():
+        registered = (exp_dir / "plan.sha256").read_text().split()[0]
+        if registered != plan.sha256:
+            raise ConfigError(
+                f"{exp_dir} holds a different preregistered plan ({registered[:12]}…); this plan "
+                f"hashes to {plan.sha256[:12]}…. A preregistered plan cannot change: give the "
+                "new plan a new name or --out"
+            )
+        state = _State(state_path)
+        if any(e["event"] == "complete" for e in state.events):
+            raise ConfigError(
+                f"experiment {exp_dir} is complete; a preregistered plan is run once "
+                "(no fifth leg, no re-run): see its record.json"
+            )
+        state.append("resumed", plan_sha256=plan.sha256)
+        return state
+    if exp_dir.exists() and any(exp_dir.iterdir()):
+        raise ConfigError(f"{exp_dir} exists and is not an experiment directory")
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    with open(exp_dir / "plan.json", "xb") as fh:
+        fh.write(plan.canonical() + b"\n")
+    with open(exp_dir / "plan.sha256", "x", encoding="utf-8") as fh:
+        fh.write(f"{plan.sha256}  plan.json\n")
+    if plan_text is not None:
+        with open(exp_dir / "plan.toml", "xb") as fh:
+            fh.write(plan_text)
+    state = _State(state_path)
+    state.append("preregistered", plan_sha256=plan.sha256, name=plan.name,
+                 design=plan.design.value, legs=[n for n, _ in plan.legs])
+    return state
+
+
+def _run_attempts(
+    state: _State,
+    leg_dir: Path,
+    make_config: Callable[[int], LegConfig],
+    observer: ExperimentObserver,
+    teacher: Teacher | None,
+    index: int,
+    total: int,
+) -> LegResult:
+    """Keep a complete attempt, or mark earlier ones interrupted and run a fresh one."""
+    name = leg_dir.name
+    attempts = _attempt_dirs(leg_dir)
+    for run_dir in attempts:
+        done = _complete(run_dir)
+        if done is not None:
+            observer.leg_kept(name, done)
+            return done
+    for run_dir in attempts:
+        recorded = any(e["event"] == "leg_end" and e.get("run_dir") == str(run_dir)
+                       for e in state.events)
+        if _stop_orphan(run_dir):
+            state.append("orphan_server_stopped", leg=name, run_dir=str(run_dir))
+        if not recorded:  # a hard kill leaves no end event: the log says what happened
+            state.append("leg_end", leg=name, attempt=int(run_dir.name.split("-")[1]),
+                         run_dir=str(run_dir), status="interrupted", valid=False,
+                         error="no result: the run was killed")
+    attempt = len(attempts) + 1
+    run_dir = leg_dir / f"attempt-{attempt}"
+    config = make_config(attempt)
+    observer.leg_starting(name, config.arm, attempt, index, total)
+    state.append("leg_start", leg=name, arm=config.arm, attempt=attempt, run_dir=str(run_dir))
+    try:
+        result = run_leg(config, run_dir, observer, teacher=teacher)
+    except KeyboardInterrupt:
+        state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
+                     status="interrupted", valid=False, error="interrupted")
+        raise
+    except TokrecordError as exc:
+        state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
+                     status="failed", valid=False, error=str(exc))
+        raise
+    state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
+                 status=result.status, valid=result.valid, headline=result.summary.tok_s_out)
+    return result
+
+
+def _teacher(plan: Plan, exp_dir: Path, suite: Suite, state: _State,
+             observer: ExperimentObserver) -> Teacher | None:
+    if plan.teacher is None:
+        return None
+    if plan.teacher != "capture":
+        teacher = load_teacher(Path(plan.teacher))
+        if teacher.suite_sha256 != suite.sha256:
+            raise ConfigError(f"{plan.teacher}: teacher was captured on another suite "
+                              f"({teacher.suite_name})")
+        return teacher
+    path = exp_dir / "teacher.json"
+    if path.exists():
+        return load_teacher(path)
+    arm: ArmName = "control" if "control" in plan.arms else "candidate"
+    result = _run_attempts(
+        state, exp_dir / "teacher",
+        lambda k: leg_config(plan, suite, "teacher", arm, k).model_copy(update={"name": "teacher"}),
+        observer, None, 0, len(plan.legs),
+    )
+    teacher = teacher_from_run(Path(result.run_dir), leg_config(plan, suite, "teacher", arm, 1),
+                               None)
+    write_teacher(path, teacher)
+    state.append("teacher_captured", path=str(path), sha256=teacher.sha256, arm=arm)
+    return teacher
+
+
+def run_experiment(
+    plan: Plan,
+    exp_dir: Path,
+    observer: ExperimentObserver | None = None,
+    *,
+    plan_text: bytes | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, LegResult]:
+    """Run (or resume) every leg of the plan; returns the complete legs by name."""
+    obs: ExperimentObserver = observer or NullExperimentObserver()
+    suite = plan_suite(plan)
+    state = preregister(plan, exp_dir, plan_text)
+    teacher = _teacher(plan, exp_dir, suite, state, obs)
+    results: dict[str, LegResult] = {}
+    total = len(plan.legs)
+    for index, (name, arm) in enumerate(plan.legs, start=1):
+        leg_dir = exp_dir / name
+        if not _complete_attempt_exists(leg_dir):
+            _honour_idle_gap(plan, state, name, obs, sleep)
+        results[name] = _run_attempts(state, leg_dir, functools.partial(leg_config, plan, suite, name, arm),
+                                      obs, teacher, index, total)
+    return results
+
+
+def _honour_idle_gap(plan: Plan, state: _State, before: str, obs: ExperimentObserver,
+                     sleep: Callable[[float], None]) -> None:
+    """Wait until the declared gap since the previous server stopped; record the real gap."""
+    last = state.last_stop_unix()
+    if last is None or plan.idle_gap_s <= 0:
+        return
+    wait = plan.idle_gap_s - (time.time() - last)
+    if wait > 0:
+        obs.idle_wait(before, wait)
+        sleep(wait)
+    state.append("idle_gap", before=before, seconds=time.time() - last, minimum=plan.idle_gap_s)
+
+
+def _complete_attempt_exists(leg_dir: Path) -> bool:
+    return any(_complete(d) is not None for d in _attempt_dirs(leg_dir))
+
+
+def finish(exp_dir: Path, record: dict[str, Any]) -> Path:
+    """Write record.json and close the experiment: no leg can run after this."""
+    path = exp_dir / "record.json"
+    with open(path, "xb") as fh:
+        fh.write(canonical_json(record) + b"\n")
+    _State(exp_dir / STATE).append("complete", record=str(path))
+    return path
+
+
+def attempts_log(exp_dir: Path) -> list[dict[str, Any]]:
+    """Every leg attempt with its outcome, from the state log."""
+    return [
+        {k: e.get(k) for k in ("leg", "attempt", "status", "valid", "error", "run_dir")}
+        for e in read_jsonl(exp_dir / STATE) if e["event"] == "leg_end"
+    ]
+
+
+def idle_gaps(exp_dir: Path) -> dict[str, float]:
+    return {e["before"]: round(float(e["seconds"]), 3)
+            for e in read_jsonl(exp_dir / STATE) if e["event"] == "idle_gap"}
+
+
+def build_record(plan: Plan, exp_dir: Path, results: dict[str, LegResult]) -> dict[str, Any]:
+    """The record of a finished experiment, from its legs' evidence."""
+    from tokrecord.experiment.leg import load_rows, outcomes
+    from tokrecord.record import abba_record, single_leg_record
+
+    suite = plan_suite(plan)
+    tries = attempts_log(exp_dir)
+    if plan.design.value == "single":
+        return single_leg_record(plan, results["B1"], tries, exp_dir)
+    rows = {name: load_rows(Path(r.run_dir)) for name, r in results.items()}
+    outs = {name: outcomes(rows[name], leg_config(plan, suite, name, results[name].arm, 1))  # type: ignore[arg-type]
+            for name in results}
+    return abba_record(plan, results, rows, outs, tries, idle_gaps(exp_dir), exp_dir)

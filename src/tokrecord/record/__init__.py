@@ -1,0 +1,286 @@
+"""Records: the results of an experiment, in the form of the seed records.
+
+`abba_record` and `single_leg_record` are pure: they take the plan, the legs'
+results and rows, and what the experiment log says (attempts, idle gaps), and
+return the JSON document. Hashes of each leg's evidence files are included so
+the record points at exactly what it was computed from.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokrecord.experiment.leg import LegResult, RowRecord
+from tokrecord.experiment.plan import PAIRS, Plan
+from tokrecord.experiment.stats import (
+    LegFigures,
+    pair_result,
+    paired_bootstrap,
+    pct_delta,
+    record_gate,
+)
+from tokrecord.gates import GateResult, GateStatus, RowOutcome, cross_leg_exact
+
+SCHEMA_ABBA = "tokrecord.experiment-record/v1"
+SCHEMA_SINGLE = "tokrecord.single-leg-record/v1"
+EVIDENCE_FILES = ("summary.json", "rows.json", "events.jsonl", "gates.json", "config.json",
+                  "server.log", "cleanup.json", "metrics-before.prom", "metrics-after.prom")
+FORMULAS = {
+    "conventional": "99 / (timestamp[100] - timestamp[1])",
+    "legacy-inclusive-events": "100 / (timestamp[100] - timestamp[1])",
+    "chunk-aware": "tokens in chunks a+1..b / (T_b - T_a)",
+}
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def evidence_hashes(run_dir: Path) -> dict[str, str]:
+    return {name: file_sha256(run_dir / name) for name in EVIDENCE_FILES
+            if (run_dir / name).exists()}
+
+
+def figures(result: LegResult, rows: Sequence[RowRecord]) -> LegFigures:
+    conv = result.summary.headline_convention
+    return LegFigures(
+        name=result.name, arm=result.arm, headline=result.summary.tok_s_out,
+        row_rates=tuple(r.metrics.rate(conv) for r in rows),
+        aggregate_cycle_ms=result.engine.aggregate_cycle_ms if result.engine else None,
+        acceptance_rate=result.engine.draft_acceptance_rate if result.engine else None,
+    )
+
+
+def _gate(result: LegResult, name: str) -> GateResult | None:
+    return next((g for g in result.gates if g.name == name), None)
+
+
+def _summed(results: Sequence[LegResult], name: str) -> str:
+    """'52/52' over legs; 'not tested' when no leg tested it; a failing leg shows in the count."""
+    ok = total = 0
+    tested = False
+    for r in results:
+        g = _gate(r, name)
+        if g is None or g.status is GateStatus.NOT_TESTED or not g.count or "/" not in g.count:
+            continue
+        tested = True
+        a, b = g.count.split("/")
+        ok, total = ok + int(a), total + int(b)
+    return f"{ok}/{total}" if tested else "not tested"
+
+
+def _leg_block(result: LegResult, attempts: int) -> dict[str, Any]:
+    s, e = result.summary, result.engine
+    exact = _gate(result, "teacher_exact")
+    return {
+        "treatment": result.arm,
+        "attempts": attempts,
+        "headline_tok_s": s.tok_s_out,
+        "p10_tok_s": s.tok_s_out_p10,
+        "mean_tok_s": s.tok_s_out_mean,
+        "stdev_tok_s": s.tok_s_out_stdev,
+        "full_after_ttft_median_tok_s": s.tok_s_full_after_ttft_median,
+        "wall_full_median_tok_s": s.tok_s_wall_full_median,
+        "ttft_median_ms": s.ttft_ms_median,
+        "conventional_tok_s": s.tok_s_out_conventional,
+        "legacy_inclusive_events_tok_s": s.tok_s_out_legacy,
+        "chunk_aware_tok_s": s.tok_s_out_chunk_aware,
+        "quantisation_bound_pct": s.quantisation_bound_pct_max,
+        "aggregate_cycle_ms": e.aggregate_cycle_ms if e else None,
+        "draft_cycles": e.draft_cycles if e else None,
+        "accepted_draft_tokens": e.accepted_draft_tokens if e else None,
+        "draft_tokens": e.draft_tokens if e else None,
+        "draft_acceptance_rate": e.draft_acceptance_rate if e else None,
+        "teacher_exact": exact.count if exact and exact.status is not GateStatus.NOT_TESTED
+        else "not tested",
+        "valid": result.valid,
+        "gates": {g.name: {"status": g.status.value, "count": g.count} for g in result.gates},
+        "warnings": list(s.warnings),
+        "evidence_sha256": evidence_hashes(Path(result.run_dir)),
+        "run_dir": result.run_dir,
+    }
+
+
+def _median_int(values: Sequence[int | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return float(statistics.median(vals)) if vals else None
+
+
+def abba_record(
+    plan: Plan,
+    results: Mapping[str, LegResult],
+    rows: Mapping[str, Sequence[RowRecord]],
+    outcomes: Mapping[str, Sequence[RowOutcome]],
+    attempts: Sequence[Mapping[str, Any]],
+    idle_gaps: Mapping[str, float],
+    exp_dir: Path,
+) -> dict[str, Any]:
+    figs = {name: figures(results[name], rows[name]) for name in results}
+    pairs = {f"{c}_vs_{a}": pair_result(figs[c], figs[a], plan.criteria) for c, a in PAIRS}
+    boot = paired_bootstrap([(figs[c], figs[a]) for c, a in PAIRS], plan.verdict)
+    cross = cross_leg_exact({name: outcomes[name] for name in results})
+    legs = list(results.values())
+    all_valid = all(r.valid for r in legs)
+    quality_ok = all_valid and cross.status is GateStatus.PASS
+    gate = record_gate(
+        [figs["B1"], figs["B2"]], [figs["A1"], figs["A2"]], list(pairs.values()), quality_ok,
+        plan.prior.value_tok_s, boot, plan.verdict.require_faster_for_record,
+    )
+    first = rows["A1"]
+    tries = {name: sum(1 for a in attempts if a.get("leg") == name) for name in results}
+    return {
+        "schema": SCHEMA_ABBA,
+        "experiment": plan.name,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
+        "status": "strict_preregistered_record_pass" if gate.strict_preregistered_record_pass
+        else "no_record",
+        "plan_sha256": plan.sha256,
+        "prior_approved_record": {"id": plan.prior.id, "tok_s": plan.prior.value_tok_s},
+        "treatment": {name: arm.model_dump(mode="json") for name, arm in plan.arms.items()},
+        "protocol": {
+            "order": [f"{name}-{arm}" for name, arm in plan.legs],
+            "fresh_service_per_leg": True,
+            "idle_gap_seconds_minimum": plan.idle_gap_s,
+            "idle_gap_seconds_measured": dict(idle_gaps),
+            "generation_warmup": "none",
+            "prompt_count_per_leg": len(first),
+            "prompts_unique_per_leg": all(_ok(r, "fresh_unique_prompts") for r in legs),
+            "each_prompt_run_once": all(_ok(r, "one_suite_invocation") and _ok(r, "zero_retries")
+                                        for r in legs),
+            "cached_tokens_all_zero": all(_ok(r, "cached_tokens_zero") for r in legs),
+            "single_active_generation": all(_ok(r, "single_active_generation") for r in legs),
+            "max_tokens": max((row.trace.n_tokens for row in first), default=None),
+            "top_level_prompt_tokens_suite_median": _median_int([r.trace.prompt_tokens
+                                                                 for r in first]),
+            "top_level_output_tokens_suite_median": _median_int([r.trace.n_tokens for r in first]),
+            "metric": plan.metric,
+            "headline_convention": plan.headline.value,
+            "headline_formula": FORMULAS[plan.headline.value],
+            "fifth_run_permitted": False,
+        },
+        "runs": {name: _leg_block(results[name], tries[name]) for name in results},
+        "attempts": list(attempts),
+        "pair_results": {k: v.model_dump(mode="json") for k, v in pairs.items()},
+        "quality": {
+            "all_legs_teacher_exact": _summed(legs, "teacher_exact"),
+            "all_legs_cross_exact": cross.status is GateStatus.PASS,
+            "cross_leg_exact": cross.model_dump(mode="json"),
+            "all_legs_cached_zero": _summed(legs, "cached_tokens_zero"),
+            "full_output_then_next_exact": _summed(legs, "full_output_then_next"),
+            "long_then_next_exact": _summed(legs, "long_context_then_next"),
+            "rollover_exact": _summed(legs, "rollover"),
+            "token_count_integrity": _summed(legs, "token_count_integrity"),
+            "cleanup_passed_all_legs": all(_ok(r, "cleanup") for r in legs),
+            "all_legs_valid": all_valid,
+            "retries": sum(max(0, n - 1) for n in tries.values()),
+            "full_abba_causal_pass": quality_ok and gate.pairs_passed,
+        },
+        "bootstrap": boot.model_dump(mode="json") if boot else None,
+        "verdict": boot.verdict.value if boot else "UNDECIDED",
+        "record_gate": gate.model_dump(mode="json"),
+        "artifacts": {"root": str(exp_dir)},
+        "submission": {},
+    }
+
+
+def _ok(result: LegResult, gate: str) -> bool:
+    g = _gate(result, gate)
+    return g is not None and g.status is GateStatus.PASS
+
+
+def single_leg_record(
+    plan: Plan, result: LegResult, attempts: Sequence[Mapping[str, Any]], exp_dir: Path
+) -> dict[str, Any]:
+    """The seeds/single-leg-record.json form: value, goal, prior approved, prior best."""
+    s, e = result.summary, result.engine
+    value = s.tok_s_out
+    prior = plan.prior
+    head = plan.headline.value
+
+    def delta(ref: float | None) -> tuple[float | None, float | None]:
+        if value is None or ref is None:
+            return None, None
+        return value - ref, pct_delta(value, ref)
+
+    d_prior, d_prior_pct = delta(prior.value_tok_s)
+    d_best, d_best_pct = delta(prior.best_exact_tok_s)
+    conv = s.tok_s_out_conventional
+    beats = value is not None and prior.value_tok_s is not None and value > prior.value_tok_s
+    passed = result.valid and beats
+    qualification = (
+        "" if head == "conventional" else
+        f"published {head} convention; conventional 99-interval value is {conv} tok/s"
+    )
+    return {
+        "schema": SCHEMA_SINGLE,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
+        "status": "record_pass" if passed else "no_record",
+        "plan_sha256": plan.sha256,
+        "metric": plan.metric,
+        "metric_accounting": {
+            "published_convention": head,
+            "published_formula": FORMULAS[head],
+            "published_value_tok_s": value,
+            "timestamped_events": 100,
+            "inter_token_intervals": 99,
+            "conventional_interval_formula": FORMULAS["conventional"],
+            "conventional_interval_value_tok_s": conv,
+            "legacy_inclusive_events_value_tok_s": s.tok_s_out_legacy,
+            "chunk_aware_value_tok_s": s.tok_s_out_chunk_aware,
+            "quantisation_bound_pct": s.quantisation_bound_pct_max,
+            "conventional_goal_tok_s": prior.goal_tok_s,
+            "conventional_margin_to_goal_tok_s": (conv - prior.goal_tok_s
+                                                  if conv is not None and prior.goal_tok_s
+                                                  else None),
+        },
+        "record": {
+            "value_tok_s": value,
+            "value_qualification": qualification,
+            "goal_tok_s": prior.goal_tok_s,
+            "margin_over_goal_tok_s": (value - prior.goal_tok_s
+                                       if value is not None and prior.goal_tok_s else None),
+            "prior_approved_tok_s": prior.value_tok_s,
+            "prior_approved_id": prior.id,
+            "delta_vs_approved_tok_s": d_prior,
+            "delta_vs_approved_pct": d_prior_pct,
+            "prior_best_exact_tok_s": prior.best_exact_tok_s,
+            "delta_vs_prior_best_exact_tok_s": d_best,
+            "delta_vs_prior_best_exact_pct": d_best_pct,
+        },
+        "summary": {
+            "tok_s_out": value,
+            "tok_s_out_p10": s.tok_s_out_p10,
+            "tok_s_out_mean": s.tok_s_out_mean,
+            "tok_s_out_stdev": s.tok_s_out_stdev,
+            "tok_s_full_after_ttft_median": s.tok_s_full_after_ttft_median,
+            "tok_s_wall_full_median": s.tok_s_wall_full_median,
+            "ttft_ms_median": s.ttft_ms_median,
+            "draft_cycles": e.draft_cycles if e else None,
+            "draft_tokens": e.draft_tokens if e else None,
+            "accepted_draft_tokens": e.accepted_draft_tokens if e else None,
+            "draft_acceptance_rate": e.draft_acceptance_rate if e else None,
+            "emitted_tokens_per_draft_cycle": e.emitted_tokens_per_draft_cycle if e else None,
+        },
+        "quality": {g.name: {"status": g.status.value, "count": g.count, "reason": g.reason}
+                    for g in result.gates},
+        "valid": result.valid,
+        "attempts": list(attempts),
+        "operational": {
+            "cleanup_passed": result.cleanup_passed,
+            "surviving_workers": result.cleanup.surviving_workers if result.cleanup else None,
+            "port_listener_after_run": result.cleanup.port_listening_after
+            if result.cleanup else None,
+        },
+        "sha256": evidence_hashes(Path(result.run_dir)),
+        "artifacts": {"root": str(exp_dir), "run_dir": result.run_dir},
+        "submission": {},
+    }
