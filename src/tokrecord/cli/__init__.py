@@ -325,6 +325,31 @@ def cache_audit(
         raise typer.Exit(4)
 
 
+@app.command()
+@_guard
+def lint(
+    record_path: Annotated[Path, typer.Argument(metavar="RECORD", help="Record JSON file.")],
+) -> None:
+    """Check a record's internal arithmetic (ours and the hand-made seed form)."""
+    import json
+
+    from tokrecord.record.lint import lint_record
+
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {record_path}: {exc.strerror}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{record_path}: not JSON: {exc}") from exc
+    problems = lint_record(record)
+    if not problems:
+        out_console.print(f"{record_path}: arithmetic consistent")
+        return
+    for problem in problems:
+        out_console.print(Text(f"{record_path}: {problem}"))
+    raise typer.Exit(1)
+
+
 @app.command("build-model")
 @_guard
 def build_model(

@@ -1,0 +1,134 @@
+"""Real vLLM CPU, once: the demo's preregistered ABBA (teacher from the plain arm, then
+A1 plain, B1 ngram, B2 ngram, A2 plain) and a prefix-caching cache audit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tokrecord.evidence import read_jsonl
+from tokrecord.experiment.audit import audit_suite, judge_audit
+from tokrecord.experiment.leg import LegConfig, LegResult, ServerSpec, run_leg
+from tokrecord.experiment.runner import build_record, finish, run_experiment
+from tokrecord.gates import GateConfig, GateStatus
+from tokrecord.gates.teacher import load_teacher
+from tokrecord.server import embedded
+from tokrecord.suite import load_suite
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def abba(engine_python: Path, demo_model: Path, tmp_path_factory: pytest.TempPathFactory
+         ) -> tuple[dict[str, LegResult], dict[str, Any], Path]:
+    exp_dir = tmp_path_factory.mktemp("vllm-abba") / "demo"
+    plan = embedded.demo_plan(engine_python, demo_model, idle_gap_s=2.0)
+    results = run_experiment(plan, exp_dir)
+    record = build_record(plan, exp_dir, results)
+    finish(exp_dir, record)
+    return results, record, exp_dir
+
+
+def _rows(result: LegResult) -> list[dict]:  # type: ignore[type-arg]
+    return json.loads((Path(result.run_dir) / "rows.json").read_text())["rows"]  # type: ignore[no-any-return]
+
+
+def _gate(result: LegResult, name: str):  # type: ignore[no-untyped-def]
+    return next(g for g in result.gates if g.name == name)
+
+
+@pytest.mark.parametrize("leg", ["A1", "B1", "B2", "A2"])
+def test_each_leg_complete_exact_and_clean(abba: tuple[dict[str, LegResult], dict[str, Any], Path],
+                                           leg: str) -> None:
+    result = abba[0][leg]
+    assert result.status == "complete", result.error
+    assert result.summary.rows == 13 and result.summary.rows_rated == 13
+    assert result.count_source == "token_ids"
+    assert result.rows_count_match == 13  # reported completion tokens == tokens streamed
+    assert result.rows_cached_reported == 13 and result.rows_cached_zero == 13
+    assert result.engine is not None and result.engine.prefix_cache_hits == 0
+    assert result.cleanup is not None and result.cleanup.passed
+    assert result.summary.tok_s_out and result.summary.ttft_ms_median
+    exact = _gate(result, "teacher_exact")
+    assert exact.status is GateStatus.PASS and exact.count == "13/13"
+    assert exact.evidence["compared_by"] == ["token_ids"]
+    assert _gate(result, "long_context_then_next").count == "1/1"
+    assert _gate(result, "full_output_then_next").count == "12/12"
+    assert result.valid, result.invalid_reasons
+    prompts = [r["trace"]["prompt_token_ids"] for r in _rows(result)]
+    longest = max(range(13), key=lambda i: len(prompts[i] or []))
+    assert 850 <= len(prompts[longest]) <= 900 and longest < 12
+    assert any(e["kind"] == "chunk" for e in read_jsonl(Path(result.run_dir) / "events.jsonl"))
+
+
+def test_speculative_counters_only_on_candidate(
+    abba: tuple[dict[str, LegResult], dict[str, Any], Path]
+) -> None:
+    results = abba[0]
+    for leg in ("A1", "A2"):
+        e = results[leg].engine
+        assert e is not None and not e.draft_cycles
+        assert results[leg].summary.quantisation_bound_pct_max == 0.0
+    for leg in ("B1", "B2"):
+        e = results[leg].engine
+        assert e is not None and e.draft_cycles and e.draft_tokens and e.accepted_draft_tokens
+        assert e.draft_acceptance_rate is not None and 0 < e.draft_acceptance_rate <= 1
+        assert e.emitted_tokens_per_draft_cycle is not None and e.emitted_tokens_per_draft_cycle > 1
+        assert e.aggregate_cycle_ms is not None and e.aggregate_cycle_ms > 0
+        bound = results[leg].summary.quantisation_bound_pct_max
+        assert bound is not None and bound > 0  # speculative chunks carry several tokens
+        claims = {c["claim"]: c["holds"]
+                  for c in _gate(results[leg], "treatment_attestation").evidence["claims"]}
+        assert claims["ngram speculative decoding active"]
+        assert not claims["Intel OpenMP preloaded"]  # not claimed: the log says otherwise
+
+
+def test_record_has_pairs_quality_verdict_and_gate(
+    abba: tuple[dict[str, LegResult], dict[str, Any], Path]
+) -> None:
+    _, record, exp_dir = abba
+    assert record["quality"]["all_legs_teacher_exact"] == "52/52"
+    assert record["quality"]["all_legs_cross_exact"] is True
+    assert record["quality"]["all_legs_cached_zero"] == "52/52"
+    assert record["quality"]["retries"] == 0
+    assert set(record["pair_results"]) == {"B1_vs_A1", "B2_vs_A2"}
+    runs = record["runs"]
+    b1, a1 = runs["B1"]["headline_tok_s"], runs["A1"]["headline_tok_s"]
+    assert record["pair_results"]["B1_vs_A1"]["headline_delta_pct"] == pytest.approx(
+        100 * (b1 / a1 - 1))
+    assert record["verdict"] in ("FASTER", "SLOWER", "NO DIFFERENCE", "UNDECIDED")
+    boot = record["bootstrap"]
+    assert boot["ci_low"] <= boot["ratio"] <= boot["ci_high"]
+    # the demo declares no prior record, so no record can be claimed
+    assert not record["record_gate"]["strict_preregistered_record_pass"]
+    assert "no prior record declared in the plan" in record["record_gate"]["reasons"]
+    assert (exp_dir / "record.json").is_file()
+    teacher = load_teacher(exp_dir / "teacher.json")
+    assert teacher.arm["name"] == "control" and len(teacher.rows) == 13
+    for leg in ("A1", "B1", "B2", "A2"):
+        config = json.loads((Path(runs[leg]["run_dir"]) / "config.json").read_text())
+        assert config["leg"]["plan_sha256"] == record["plan_sha256"]
+
+
+def test_prefix_caching_fails_cached_tokens_gate_and_audit(
+    engine_python: Path, demo_model: Path, tmp_path: Path
+) -> None:
+    config = LegConfig(
+        name="audit", arm="plain-prefix-caching",
+        server=ServerSpec(argv=tuple(embedded.vllm_argv(engine_python, prefix_caching=True)),
+                          env=embedded.ENGINE_ENV, model=str(demo_model),
+                          served_model=embedded.SERVED_MODEL, ready_timeout_s=600),
+        suite=audit_suite(load_suite(), None),
+        gates=GateConfig(),
+    )
+    result = run_leg(config, tmp_path / "audit")
+    assert result.status == "complete", result.error
+    cached = _gate(result, "cached_tokens_zero")
+    assert cached.status is GateStatus.FAIL, cached
+    assert cached.evidence["rows_nonzero"] == [1]  # the repeat, not the first request
+    verdict = judge_audit(result, threshold_pct=20.0)
+    assert not verdict.passed
+    assert verdict.repeat_cached_tokens and verdict.repeat_cached_tokens > 0
