@@ -21,6 +21,7 @@ from rich.text import Text
 from tokrecord import __version__
 from tokrecord.client import Endpoint
 from tokrecord.errors import ConfigError, TokrecordError
+from tokrecord.evidence.seal import load_or_create_key
 from tokrecord.experiment.leg import LegConfig, LegResult, run_leg, teacher_from_run
 from tokrecord.experiment.plan import Plan, load_plan
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
@@ -247,13 +248,18 @@ def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> dict[st
     observer = RichExperimentObserver(err_console)
     results = run_experiment(plan, exp_dir, observer, plan_text=plan_text)
     record = build_record(plan, exp_dir, results)
-    path = finish(exp_dir, record)
+    key = load_or_create_key()
+    record["seal"] = {"public_key_fingerprint": key.fingerprint, "keyid": key.keyid,
+                      "public_key_pem": key.public_key_pem}
+    path = finish(exp_dir, record, key)
     if plan.design.value == "single":
         print_leg(out_console, err_console, results["B1"])
         print_gates(out_console, results["B1"])
         out_console.print(f"[bold]{record['status']}[/]: record {path}")
     else:
         print_experiment(out_console, record, path)
+    out_console.print(f"sealed and signed (key {key.fingerprint}); check it with: "
+                      f"tokrecord verify {exp_dir}", soft_wrap=True)
     return record
 
 
@@ -323,6 +329,30 @@ def cache_audit(
     out_console.print(verdict.text)
     if not verdict.passed:
         raise typer.Exit(4)
+
+
+@app.command()
+@_guard
+def verify(
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="Sealed leg or experiment.")],
+    fingerprint: Annotated[
+        str | None, typer.Option(help="Expected signing key fingerprint (SHA256:...).")
+    ] = None,
+) -> None:
+    """Re-hash every file, check the signature, recompute every figure from the raw events."""
+    from tokrecord.record.verify import verify_dir
+
+    if not directory.is_dir():
+        raise ConfigError(f"{directory} is not a directory")
+    problems = verify_dir(directory, fingerprint)
+    if not problems:
+        out_console.print(f"{directory}: verified: every file matches the signed manifest, and "
+                          "every row, aggregate, gate and pair recomputes from the raw events")
+        return
+    for problem in problems:
+        out_console.print(Text(f"{directory}: {problem.file}: {problem.field}: {problem.message}"))
+    out_console.print(Text(f"{directory}: NOT verified ({len(problems)} problems)"))
+    raise typer.Exit(1)
 
 
 @app.command()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -272,6 +272,11 @@ def stream_row(
         sink.write({"kind": "end", "row": row_index, "t_ns": t_end, "ok": False, "error": msg})
         raise StreamError(msg)
     sink.write({"kind": "end", "row": row_index, "t_ns": t_end, "ok": True})
+    return _trace(row_index, row, t_send, t_end, chunks, events, parser)
+
+
+def _trace(row_index: int, row: SuiteRow, t_send: int, t_end: int, chunks: list[Chunk],
+           events: int, parser: _ChunkParser) -> RowTrace:
     usage = parser.final_usage or {}
     details = usage.get("prompt_tokens_details") or {}
     return RowTrace(
@@ -292,3 +297,34 @@ def stream_row(
         completion_tokens=usage.get("completion_tokens"),
         cached_tokens=details.get("cached_tokens") if isinstance(details, dict) else None,
     )
+
+
+def replay_row(
+    records: Sequence[Mapping[str, Any]], row: SuiteRow, endpoint: Endpoint
+) -> RowTrace:
+    """Rebuild a row's trace from its raw events.jsonl records, re-parsing every
+    payload exactly as the live client did; the recorded per-chunk token counts must
+    agree with what the payloads say."""
+    request = next((r for r in records if r["kind"] == "request"), None)
+    end = next((r for r in records if r["kind"] == "end"), None)
+    if request is None or end is None or not end.get("ok"):
+        raise StreamError("events.jsonl: the row has no request or no successful end")
+    row_index = int(request["row"])
+    parser = _ChunkParser(endpoint)
+    chunks: list[Chunk] = []
+    events = 0
+    for record in records:
+        if record["kind"] == "done":
+            events += 1
+        elif record["kind"] == "chunk":
+            events += 1
+            n, _ids, _text, _finish = parser.parse(json.loads(record["data"]))
+            if n != record["n"]:
+                raise StreamError(
+                    f"events.jsonl: row {row_index} event {record['seq']}: recorded n={record['n']}"
+                    f" but its payload carries {n} tokens"
+                )
+            if n:
+                chunks.append(Chunk(t_ns=int(record["t_ns"]), n=n))
+    return _trace(row_index, row, int(request["t_send_ns"]), int(end["t_ns"]), chunks, events,
+                  parser)

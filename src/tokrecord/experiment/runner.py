@@ -27,6 +27,7 @@ import psutil
 
 from tokrecord.errors import ConfigError, TokrecordError
 from tokrecord.evidence import JsonlWriter, canonical_json, read_jsonl
+from tokrecord.evidence.seal import SigningKey, load_or_create_key, seal
 from tokrecord.experiment.leg import (
     LegConfig,
     LegObserver,
@@ -282,12 +283,14 @@ def _complete_attempt_exists(leg_dir: Path) -> bool:
     return any(_complete(d) is not None for d in _attempt_dirs(leg_dir))
 
 
-def finish(exp_dir: Path, record: dict[str, Any]) -> Path:
-    """Write record.json and close the experiment: no leg can run after this."""
+def finish(exp_dir: Path, record: dict[str, Any], key: SigningKey | None = None) -> Path:
+    """Write record.json, close the experiment and seal it (manifest, signature,
+    read-only): no leg can run, and nothing can change, after this."""
     path = exp_dir / "record.json"
     with open(path, "xb") as fh:
         fh.write(canonical_json(record) + b"\n")
     _State(exp_dir / STATE).append("complete", record=str(path))
+    seal(exp_dir, key or load_or_create_key())
     return path
 
 

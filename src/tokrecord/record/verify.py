@@ -1,0 +1,257 @@
+"""`tokrecord verify DIR`: trust nothing that was written, recompute everything.
+
+1. The seal: every file re-hashed against manifest.sha256, the manifest against the
+   signed in-toto statement, the Ed25519 signature over it.
+2. Every leg: the raw events re-parsed exactly as the live client parsed them, then
+   every row figure, leg aggregate, engine counter delta and gate recomputed and
+   compared with rows.json, summary.json and gates.json.
+3. An experiment: its record recomputed from the legs and compared with record.json.
+Each difference names the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tokrecord.client.stream import replay_row
+from tokrecord.errors import TokrecordError
+from tokrecord.evidence import read_jsonl
+from tokrecord.evidence.seal import MANIFEST_NAME, Problem, verify_seal
+from tokrecord.experiment.leg import (
+    LegConfig,
+    LegResult,
+    RowRecord,
+    compute_leg,
+    evaluate_gates,
+)
+from tokrecord.gates.teacher import load_teacher
+from tokrecord.metrics import parse_counters, row_metrics
+from tokrecord.server.process import CleanupReport
+from tokrecord.suite import Suite, parse_suite
+
+# Fields that say where or when, not what was measured: a copied directory keeps its
+# meaning, so these are not compared.
+_VOLATILE = frozenset({"run_dir", "root", "date", "seal"})
+
+
+def _rel(path: Path, base: Path) -> str:
+    try:
+        return str(path.relative_to(base))
+    except ValueError:
+        return str(path)
+
+
+def diff(found: Any, expected: Any, field: str = "") -> list[tuple[str, str]]:
+    """(field, message) for every leaf where the recorded and recomputed values differ."""
+    out: list[tuple[str, str]] = []
+    if isinstance(found, Mapping) and isinstance(expected, Mapping):
+        for key in sorted(set(found) | set(expected)):
+            if key in _VOLATILE:
+                continue
+            sub = f"{field}.{key}" if field else str(key)
+            if key not in found:
+                out.append((sub, "missing from the file"))
+            elif key not in expected:
+                out.append((sub, "not produced by recomputation"))
+            else:
+                out.extend(diff(found[key], expected[key], sub))
+        return out
+    if isinstance(found, list) and isinstance(expected, list):
+        if len(found) != len(expected):
+            return [(field, f"recorded {len(found)} items, recomputed {len(expected)}")]
+        for i, (a, b) in enumerate(zip(found, expected, strict=True)):
+            out.extend(diff(a, b, f"{field}[{i}]"))
+        return out
+    if isinstance(found, float) and isinstance(expected, float):
+        if not math.isclose(found, expected, rel_tol=1e-12, abs_tol=0.0):
+            out.append((field, f"recorded {found!r}, recomputed {expected!r}"))
+        return out
+    if found != expected:
+        out.append((field, f"recorded {found!r}, recomputed {expected!r}"))
+    return out
+
+
+def _load_json(path: Path, base: Path, problems: list[Problem]) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problems.append(Problem(file=_rel(path, base), field="(file)",
+                                message=f"cannot read as JSON: {exc}"))
+        return None
+
+
+def _leg_config(run_dir: Path, base: Path, problems: list[Problem]) -> LegConfig | None:
+    raw = _load_json(run_dir / "config.json", base, problems)
+    if raw is None:
+        return None
+    try:
+        rows = parse_suite((run_dir / "suite.jsonl").read_bytes(), "suite.jsonl").rows
+        suite = Suite(name=raw["suite"]["name"], sha256=raw["suite"]["sha256"], rows=rows)
+        return LegConfig.model_validate({**raw["leg"], "suite": suite})
+    except (OSError, KeyError, TokrecordError, ValueError) as exc:
+        problems.append(Problem(file=_rel(run_dir / "config.json", base), field="(file)",
+                                message=f"cannot rebuild the leg configuration: {exc}"))
+        return None
+
+
+def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | None]:
+    """Recompute one leg from its raw evidence; compare with what it recorded."""
+    problems: list[Problem] = []
+    config = _leg_config(run_dir, base, problems)
+    summary_raw = _load_json(run_dir / "summary.json", base, problems)
+    rows_raw = _load_json(run_dir / "rows.json", base, problems)
+    gates_raw = _load_json(run_dir / "gates.json", base, problems)
+    if config is None or summary_raw is None or rows_raw is None:
+        return problems, None
+    try:
+        events = read_jsonl(run_dir / "events.jsonl")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problems.append(Problem(file=_rel(run_dir / "events.jsonl", base), field="(file)",
+                                message=f"cannot parse the raw events: {exc}"))
+        return problems, None
+    records: list[RowRecord] = []
+    for stored in rows_raw.get("rows", []):
+        i = int(stored["trace"]["row"])
+        try:
+            trace = replay_row([e for e in events if e.get("row") == i], config.suite.rows[i],
+                               config.endpoint)
+            records.append(RowRecord(trace=trace,
+                                     metrics=row_metrics(trace.t_send_ns, trace.chunks)))
+        except (TokrecordError, KeyError, ValueError, IndexError) as exc:
+            problems.append(Problem(file=_rel(run_dir / "events.jsonl", base),
+                                    field=f"row {i}", message=str(exc)))
+            return problems, None
+    rows_file = _rel(run_dir / "rows.json", base)
+    for field, message in diff(rows_raw.get("rows"), [r.model_dump(mode="json") for r in records],
+                               "rows"):
+        problems.append(Problem(file=rows_file, field=field, message=message))
+
+    def counters(name: str) -> dict[str, float] | None:
+        path = run_dir / name
+        return parse_counters(path.read_text(encoding="utf-8")) if path.exists() else None
+
+    before, after = counters("metrics-before.prom"), counters("metrics-after.prom")
+    summary, engine = compute_leg(records, config, before, after)
+    summary_file = _rel(run_dir / "summary.json", base)
+    for field, message in diff(summary_raw.get("summary"), summary.model_dump(mode="json"),
+                               "summary"):
+        problems.append(Problem(file=summary_file, field=field, message=message))
+    for field, message in diff(summary_raw.get("engine"),
+                               engine.model_dump(mode="json") if engine else None, "engine"):
+        problems.append(Problem(file=summary_file, field=field, message=message))
+    cleanup_raw = _load_json(run_dir / "cleanup.json", base, problems) \
+        if (run_dir / "cleanup.json").exists() else None
+    cleanup = (CleanupReport.model_validate({k: v for k, v in cleanup_raw.items() if k != "passed"})
+               if cleanup_raw else None)
+    teacher = load_teacher(run_dir / "teacher.json") if (run_dir / "teacher.json").exists() else None
+    log = run_dir / "server.log"
+    gates = evaluate_gates(
+        records, config, engine, cleanup, teacher,
+        requests=[e for e in events if e.get("kind") == "request"], metrics_before=before,
+        server_log=log.read_text(errors="replace") if log.exists() else "",
+    )
+    if gates_raw is not None:
+        for field, message in diff(gates_raw.get("gates"),
+                                   [g.model_dump(mode="json") for g in gates], "gates"):
+            problems.append(Problem(file=_rel(run_dir / "gates.json", base), field=field,
+                                    message=message))
+    try:
+        result = LegResult.model_validate(summary_raw)
+    except ValueError as exc:
+        problems.append(Problem(file=summary_file, field="(file)", message=str(exc)))
+        return problems, None
+    expected_valid = all(not g.blocks_validity for g in gates) and result.status == "complete"
+    if result.valid != expected_valid:
+        problems.append(Problem(file=summary_file, field="valid",
+                                message=f"recorded {result.valid}, gates imply {expected_valid}"))
+    # The record is recomputed from these figures, not from the files' own claims.
+    return problems, result.model_copy(update={
+        "run_dir": str(run_dir), "summary": summary, "engine": engine, "gates": tuple(gates),
+        "valid": expected_valid})
+
+
+def _leg_dirs(exp_dir: Path) -> dict[str, Path]:
+    """The complete attempt of each leg (the last one with a complete summary)."""
+    found: dict[str, Path] = {}
+    for leg_dir in sorted(p for p in exp_dir.iterdir() if p.is_dir()):
+        for attempt in sorted(leg_dir.glob("attempt-*"), key=lambda p: int(p.name.split("-")[1])):
+            summary = attempt / "summary.json"
+            if summary.exists():
+                try:
+                    if json.loads(summary.read_text()).get("status") == "complete":
+                        found[leg_dir.name] = attempt
+                except (OSError, json.JSONDecodeError):
+                    found[leg_dir.name] = attempt  # verify_leg reports it
+    return found
+
+
+def verify_dir(directory: Path, expected_fingerprint: str | None = None) -> list[Problem]:
+    """Every problem found in a sealed leg or experiment directory (empty: verified)."""
+    problems: list[Problem] = []
+    if expected_fingerprint is None and (directory / "record.json").exists():
+        # Without a fingerprint from the user, at least the key must be the one the
+        # record names (a re-seal by another key shows).
+        try:
+            seal_info = json.loads((directory / "record.json").read_text()).get("seal") or {}
+            expected_fingerprint = seal_info.get("public_key_fingerprint")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            pass
+    if (directory / MANIFEST_NAME).exists():
+        problems.extend(verify_seal(directory, expected_fingerprint))
+    else:
+        problems.append(Problem(file=MANIFEST_NAME, field="(file)",
+                                message="not sealed: no manifest.sha256"))
+    if (directory / "plan.json").exists():
+        problems.extend(_verify_experiment(directory))
+    elif (directory / "summary.json").exists():
+        problems.extend(verify_leg(directory, directory)[0])
+    else:
+        problems.append(Problem(file=".", field="(dir)",
+                                message="neither a leg (summary.json) nor an experiment (plan.json)"))
+    return problems
+
+
+def _verify_experiment(exp_dir: Path) -> list[Problem]:
+    from tokrecord.experiment.plan import Plan
+    from tokrecord.experiment.runner import build_record
+
+    problems: list[Problem] = []
+    plan_raw = _load_json(exp_dir / "plan.json", exp_dir, problems)
+    if plan_raw is None:
+        return problems
+    plan = Plan.model_validate(plan_raw)
+    registered = (exp_dir / "plan.sha256").read_text().split()[0] \
+        if (exp_dir / "plan.sha256").exists() else None
+    if registered != plan.sha256:
+        problems.append(Problem(file="plan.sha256", field="sha256",
+                                message=f"preregistered {registered}, plan.json hashes to {plan.sha256}"))
+    results: dict[str, LegResult] = {}
+    for name, run_dir in _leg_dirs(exp_dir).items():
+        leg_problems, result = verify_leg(run_dir, exp_dir)
+        problems.extend(leg_problems)
+        if result is not None and name != "teacher":
+            if result.plan_sha256 != plan.sha256:
+                problems.append(Problem(file=_rel(run_dir / "summary.json", exp_dir),
+                                        field="plan_sha256",
+                                        message="leg does not carry the preregistered plan hash"))
+            results[name] = result
+    record_path = exp_dir / "record.json"
+    if not record_path.exists():
+        problems.append(Problem(file="record.json", field="(file)", message="missing"))
+        return problems
+    recorded = _load_json(record_path, exp_dir, problems)
+    if recorded is None or set(results) != {n for n, _ in plan.legs}:
+        if recorded is not None:
+            problems.append(Problem(file="record.json", field="runs",
+                                    message=f"complete legs found: {sorted(results)}"))
+        return problems
+    ordered = {name: results[name] for name, _ in plan.legs}  # design order, as when run
+    recomputed = build_record(plan, exp_dir, ordered)
+    recomputed = json.loads(json.dumps(recomputed))  # the same JSON types as the file
+    for field, message in diff(recorded, recomputed):
+        problems.append(Problem(file="record.json", field=field, message=message))
+    return problems
