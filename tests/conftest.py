@@ -17,3 +17,11 @@ def fake_argv() -> list[str]:
 @pytest.fixture
 def run_root(tmp_path: Path) -> Path:
     return tmp_path / "runs"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _signing_key_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Seals in tests sign with a throwaway key, never the user's."""
+    import os
+
+    os.environ["TOKRECORD_CONFIG_DIR"] = str(tmp_path_factory.mktemp("tokrecord-config"))

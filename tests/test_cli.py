@@ -11,9 +11,16 @@ CLI = [sys.executable, "-m", "tokrecord"]
 FAKE_CMD = f"{sys.executable} -m tokrecord.server.fake --host {{host}} --port {{port}} --model {{model}}"
 
 
+def cli_env() -> dict[str, str]:
+    import os
+
+    return {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TERM": "dumb",
+            "TOKRECORD_CONFIG_DIR": os.environ["TOKRECORD_CONFIG_DIR"]}
+
+
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
-                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TERM": "dumb"})
+                          env=cli_env())
 
 
 def test_leg_against_fake_prints_summary(tmp_path: Path) -> None:
@@ -109,7 +116,7 @@ def test_interrupt_stops_server_and_keeps_run_dir(tmp_path: Path) -> None:
             [*CLI, "leg", "--server-cmd", FAKE_CMD + " --tok-s 50", "--model", "m",
              "--out", str(out)],
             stdout=subprocess.DEVNULL, stderr=stderr,
-            env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TERM": "dumb"},
+            env=cli_env(),
         )
         _wait_for(out / "events.jsonl", '"kind":"chunk"')
         server_pids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
@@ -131,7 +138,7 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [*CLI, "leg", "--server-cmd", FAKE_CMD + " --tok-s 50", "--model", "m", "--out", str(out)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TERM": "dumb"},
+        env=cli_env(),
     )
     _wait_for(out / "events.jsonl", '"kind":"chunk"')
     proc.send_signal(signal.SIGTERM)

@@ -20,6 +20,7 @@ from tokrecord.client import Endpoint
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import canonical_json
 from tokrecord.gates import GateConfig, LogRule
+from tokrecord.identity import IdentitySpec
 from tokrecord.metrics import Convention
 
 SCHEMA_PLAN: Final = "tokrecord.plan/v1"
@@ -101,6 +102,7 @@ class Plan(_Strict):
     idle_gap_s: float = Field(default=60.0, ge=0)
     request_extra: dict[str, Any] = Field(default_factory=dict)
     gates: GateConfig = Field(default_factory=GateConfig)
+    identity: IdentitySpec = Field(default_factory=IdentitySpec)
     gate_kind: Literal["strict-preregistered"] = "strict-preregistered"
     prior: Prior = Field(default_factory=Prior)
     criteria: Criteria = Field(default_factory=Criteria)

@@ -39,6 +39,7 @@ from tokrecord.experiment.leg import (
 )
 from tokrecord.experiment.plan import ArmName, Plan
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
+from tokrecord.identity import IdentitySpec, collect_identity
 from tokrecord.suite import Suite, load_suite
 
 STATE = "experiment.jsonl"
@@ -167,7 +168,24 @@ def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
     state = _State(state_path)
     state.append("preregistered", plan_sha256=plan.sha256, name=plan.name,
                  design=plan.design.value, legs=[n for n, _ in plan.legs])
+    identity = collect_identity(_identity_spec(plan), exp_dir / "identity", engine_python(plan))
+    with open(exp_dir / "identity.json", "xb") as fh:
+        fh.write(canonical_json(identity.model_dump(mode="json")) + b"\n")
+    state.append("identity_collected", path="identity.json")
     return state
+
+
+def engine_python(plan: Plan) -> Path | None:
+    """The server's interpreter, when the server is a Python program (vLLM, SGLang)."""
+    exe = Path(plan.server.argv[0])
+    return exe if exe.name.startswith("python") and exe.exists() else None
+
+
+def _identity_spec(plan: Plan) -> IdentitySpec:
+    spec = plan.identity
+    if spec.model_path is None and Path(plan.server.model).exists():
+        spec = spec.model_copy(update={"model_path": plan.server.model})
+    return spec
 
 
 def _run_attempts(

@@ -187,9 +187,41 @@ def abba_record(
         "bootstrap": boot.model_dump(mode="json") if boot else None,
         "verdict": boot.verdict.value if boot else "UNDECIDED",
         "record_gate": gate.model_dump(mode="json"),
+        "source": identity_summary(exp_dir),
         "artifacts": {"root": str(exp_dir)},
         "submission": {},
     }
+
+
+def identity_summary(exp_dir: Path) -> dict[str, Any]:
+    """The identity facts a reader looks for first, and the hash of the full file."""
+    import json
+
+    path = exp_dir / "identity.json"
+    if not path.exists():
+        return {}
+    ident = json.loads(path.read_text(encoding="utf-8"))
+    tok = ident.get("tokrecord") or {}
+    model = ident.get("model") or {}
+    out: dict[str, Any] = {
+        "identity_sha256": file_sha256(path),
+        "tokrecord": {k: tok.get(k) for k in ("kind", "commit", "dirty", "version") if k in tok},
+        "sources": {name: {"commit": s.get("commit"), "dirty": s.get("dirty"),
+                           "public_base": s.get("public_base"),
+                           "bundle_sha256": (s.get("bundle") or {}).get("sha256"),
+                           "patch_sha256": (s.get("patch") or {}).get("sha256")}
+                    for name, s in (ident.get("sources") or {}).items()},
+        "native_modules": ident.get("native_modules") or {},
+        "runtime_lock_sha256": hashlib.sha256(
+            json.dumps(ident.get("runtime_locks"), sort_keys=True).encode()).hexdigest(),
+        "runtime_lock_packages": {env: len(lock)
+                                  for env, lock in (ident.get("runtime_locks") or {}).items()},
+        "model_manifest_sha256": model.get("manifest_sha256"),
+        "model_revision": model.get("revision"),
+        "python": ident.get("python"),
+        "platform": ident.get("platform"),
+    }
+    return out
 
 
 def _ok(result: LegResult, gate: str) -> bool:
@@ -281,6 +313,7 @@ def single_leg_record(
             if result.cleanup else None,
         },
         "sha256": evidence_hashes(Path(result.run_dir)),
+        "source": identity_summary(exp_dir),
         "artifacts": {"root": str(exp_dir), "run_dir": result.run_dir},
         "submission": {},
     }
