@@ -119,3 +119,27 @@ def test_unsealed_directory_is_not_verified(tmp_path: Path) -> None:
     (tmp_path / "summary.json").write_text("{}")
     problems = verify_dir(tmp_path)
     assert any("not sealed" in p.message for p in problems)
+
+
+def test_addendum_is_sealed_beside_the_untouched_parent(sealed: Path, tmp_path: Path) -> None:
+    import hashlib
+    import os
+    import subprocess
+
+    copy = tmp_path / "exp"
+    shutil.copytree(sealed, copy)  # read-only modes are kept: the parent stays untouched
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokrecord", "addendum", str(copy), "--kind", "re-accounting",
+         "--text", "headline re-stated in the legacy convention"],
+        capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    note_dir = tmp_path / "exp.addenda" / "001-re-accounting"
+    note = json.loads((note_dir / "addendum.json").read_text())
+    assert note["parent_manifest_sha256"] == hashlib.sha256(
+        (copy / "manifest.sha256").read_bytes()).hexdigest()
+    assert note["payload"]["text"].startswith("headline re-stated")
+    assert verify_dir(copy) == []
+    from tokrecord.evidence.seal import verify_seal
+
+    assert verify_seal(note_dir) == []

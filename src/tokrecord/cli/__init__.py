@@ -357,6 +357,40 @@ def verify(
 
 @app.command()
 @_guard
+def addendum(
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="Sealed leg or experiment.")],
+    kind: Annotated[str, typer.Option(help="re-accounting, note, submission-receipt, ...")],
+    text: Annotated[str | None, typer.Option(help="A note, stored as payload.text.")] = None,
+    payload: Annotated[Path | None, typer.Option(help="A JSON file stored as the payload.")] = None,
+) -> None:
+    """Attach a separately sealed note to a sealed record; the record itself never changes."""
+    import json
+
+    from tokrecord.evidence.seal import MANIFEST_NAME, write_addendum
+    from tokrecord.record.verify import verify_dir
+
+    if not (directory / MANIFEST_NAME).exists():
+        raise ConfigError(f"{directory} is not sealed; an addendum references a sealed parent")
+    problems = verify_dir(directory)
+    if problems:
+        raise ConfigError(f"{directory} does not verify ({len(problems)} problems): an addendum "
+                          "must not vouch for altered evidence; run tokrecord verify")
+    body: dict[str, Any] = {}
+    if payload is not None:
+        try:
+            body = json.loads(payload.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{payload}: cannot read a JSON payload: {exc}") from exc
+    if text is not None:
+        body["text"] = text
+    if not body:
+        raise ConfigError("give --text or --payload")
+    path = write_addendum(directory, kind, body, load_or_create_key())
+    out_console.print(f"addendum sealed: {path}")
+
+
+@app.command()
+@_guard
 def lint(
     record_path: Annotated[Path, typer.Argument(metavar="RECORD", help="Record JSON file.")],
 ) -> None:
