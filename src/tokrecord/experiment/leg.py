@@ -242,7 +242,7 @@ def run_leg(
         started = True
         # So a later resume can find (and stop) a server orphaned by a hard kill.
         run.write_json("server.json", {"pid": server.pid, "pgid": server.pid, "port": port,
-                                       "argv": argv})
+                                       "argv": argv, "create_time": server.create_time})
         ready_s = server.wait_ready(spec.ready_timeout_s, model=spec.request_model,
                                     on_poll=obs.server_waiting)
         obs.server_ready(ready_s)

@@ -119,7 +119,10 @@ def _complete(run_dir: Path) -> LegResult | None:
     if not summary.exists():
         return None
     result = LegResult.model_validate(json.loads(summary.read_text(encoding="utf-8")))
-    return result if result.status == "complete" else None
+    if result.status != "complete":
+        return None
+    # The directory as found now: the experiment may be resumed from elsewhere.
+    return result.model_copy(update={"run_dir": str(run_dir)})
 
 
 def _stop_orphan(run_dir: Path) -> bool:
@@ -127,8 +130,14 @@ def _stop_orphan(run_dir: Path) -> bool:
     info = run_dir / "server.json"
     if not info.exists():
         return False
-    pgid = int(json.loads(info.read_text())["pgid"])
-    if not psutil.pid_exists(pgid):
+    recorded = json.loads(info.read_text())
+    pgid = int(recorded["pgid"])
+    try:
+        created = psutil.Process(pgid).create_time()
+    except psutil.Error:
+        return False
+    # A reused pid belongs to some other process: never kill that one.
+    if abs(created - float(recorded.get("create_time", -1))) > 1.0:
         return False
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
@@ -148,7 +157,7 @@ def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
                 "new plan a new name or --out"
             )
         state = _State(state_path)
-        if any(e["event"] == "complete" for e in state.events):
+        if any(e["event"] == "complete" for e in state.events) or (exp_dir / "record.json").exists():
             raise ConfigError(
                 f"experiment {exp_dir} is complete; a preregistered plan is run once "
                 "(no fifth leg, no re-run): see its record.json"
@@ -205,15 +214,7 @@ def _run_attempts(
         if done is not None:
             observer.leg_kept(name, done)
             return done
-    for run_dir in attempts:
-        recorded = any(e["event"] == "leg_end" and e.get("run_dir") == str(run_dir)
-                       for e in state.events)
-        if _stop_orphan(run_dir):
-            state.append("orphan_server_stopped", leg=name, run_dir=str(run_dir))
-        if not recorded:  # a hard kill leaves no end event: the log says what happened
-            state.append("leg_end", leg=name, attempt=int(run_dir.name.split("-")[1]),
-                         run_dir=str(run_dir), status="interrupted", valid=False,
-                         error="no result: the run was killed")
+    _reconcile(state, leg_dir)
     attempt = len(attempts) + 1
     run_dir = leg_dir / f"attempt-{attempt}"
     config = make_config(attempt)
@@ -232,6 +233,24 @@ def _run_attempts(
     state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
                  status=result.status, valid=result.valid, headline=result.summary.tok_s_out)
     return result
+
+
+def _reconcile(state: _State, leg_dir: Path) -> None:
+    """Before anything else runs: stop a server a hard kill left behind, and write the
+    end event the killed run never wrote, so the log and the idle gap see it."""
+    name = leg_dir.name
+    for run_dir in _attempt_dirs(leg_dir):
+        if _complete(run_dir) is not None:
+            continue
+        attempt = int(run_dir.name.split("-")[1])
+        # Matched by (leg, attempt): the same directory may be spelled differently on resume.
+        recorded = any(e["event"] == "leg_end" and e.get("leg") == name
+                       and e.get("attempt") == attempt for e in state.events)
+        if _stop_orphan(run_dir):
+            state.append("orphan_server_stopped", leg=name, attempt=attempt)
+        if not recorded:
+            state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
+                         status="interrupted", valid=False, error="no result: the run was killed")
 
 
 def _teacher(plan: Plan, exp_dir: Path, suite: Suite, state: _State,
@@ -278,6 +297,7 @@ def run_experiment(
     for index, (name, arm) in enumerate(plan.legs, start=1):
         leg_dir = exp_dir / name
         if not _complete_attempt_exists(leg_dir):
+            _reconcile(state, leg_dir)  # an orphan's stop counts for the idle gap
             _honour_idle_gap(plan, state, name, obs, sleep)
         results[name] = _run_attempts(state, leg_dir, functools.partial(leg_config, plan, suite, name, arm),
                                       obs, teacher, index, total)

@@ -167,6 +167,14 @@ class ServerProcess:
         self.started_ns: int | None = None
 
     @property
+    def create_time(self) -> float | None:
+        """The kernel's start time of the server process (tells a reused pid apart)."""
+        try:
+            return float(psutil.Process(self.pid).create_time())
+        except psutil.Error:
+            return None
+
+    @property
     def pid(self) -> int:
         if self._proc is None:
             raise ServerError("server was not started")
