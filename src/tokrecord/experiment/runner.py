@@ -133,16 +133,19 @@ def _stop_orphan(run_dir: Path) -> bool:
     recorded = json.loads(info.read_text())
     pgid = int(recorded["pgid"])
     try:
-        created = psutil.Process(pgid).create_time()
+        proc = psutil.Process(pgid)
+        created, status = proc.create_time(), proc.status()
     except psutil.Error:
         return False
-    # A reused pid belongs to some other process: never kill that one.
-    if abs(created - float(recorded.get("create_time", -1))) > 1.0:
+    # A reused pid belongs to some other process: never kill that one. A zombie is
+    # already dead (its parent has yet to reap it).
+    if abs(created - float(recorded.get("create_time", -1))) > 1.0 or status == psutil.STATUS_ZOMBIE:
         return False
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-        return True
-    return False
+    with contextlib.suppress(psutil.Error):
+        proc.wait(timeout=10)
+    return True
 
 
 def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
