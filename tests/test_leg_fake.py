@@ -59,7 +59,7 @@ def test_leg_at_known_rate(fake_argv: list[str], run_root: Path, endpoint: Endpo
 
 def test_rate_set_through_env(fake_argv: list[str], run_root: Path) -> None:
     cfg = config(fake_argv, "--ttft-ms", "20", env={"TOKRECORD_FAKE_TOK_S": "500"},
-                 suite=small_suite(2, 120))
+                 suite=small_suite(5, 120))
     assert run_leg(cfg, run_root / "leg").summary.tok_s_out == pytest.approx(500, rel=0.005)
 
 
