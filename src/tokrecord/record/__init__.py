@@ -25,6 +25,7 @@ from tokrecord.experiment.stats import (
     record_gate,
 )
 from tokrecord.gates import GateResult, GateStatus, RowOutcome, cross_leg_exact
+from tokrecord.metrics import EngineCounters
 
 SCHEMA_ABBA = "tokrecord.experiment-record/v1"
 SCHEMA_SINGLE = "tokrecord.single-leg-record/v1"
@@ -78,6 +79,13 @@ def _summed(results: Sequence[LegResult], name: str) -> str:
     return f"{ok}/{total}" if tested else "not tested"
 
 
+def _speculative(e: EngineCounters | None) -> dict[str, Any]:
+    """Engine counter deltas under the seeds' names (None where not exposed)."""
+    fields = ("draft_cycles", "draft_tokens", "accepted_draft_tokens", "draft_acceptance_rate",
+              "emitted_tokens_per_draft_cycle", "aggregate_cycle_ms")
+    return {name: getattr(e, name) if e else None for name in fields}
+
+
 def _leg_block(result: LegResult, attempts: int) -> dict[str, Any]:
     s, e = result.summary, result.engine
     exact = _gate(result, "teacher_exact")
@@ -95,11 +103,7 @@ def _leg_block(result: LegResult, attempts: int) -> dict[str, Any]:
         "legacy_inclusive_events_tok_s": s.tok_s_out_legacy,
         "chunk_aware_tok_s": s.tok_s_out_chunk_aware,
         "quantisation_bound_pct": s.quantisation_bound_pct_max,
-        "aggregate_cycle_ms": e.aggregate_cycle_ms if e else None,
-        "draft_cycles": e.draft_cycles if e else None,
-        "accepted_draft_tokens": e.accepted_draft_tokens if e else None,
-        "draft_tokens": e.draft_tokens if e else None,
-        "draft_acceptance_rate": e.draft_acceptance_rate if e else None,
+        **_speculative(e),
         "teacher_exact": exact.count if exact and exact.status is not GateStatus.NOT_TESTED
         else "not tested",
         "valid": result.valid,
@@ -296,11 +300,7 @@ def single_leg_record(
             "tok_s_full_after_ttft_median": s.tok_s_full_after_ttft_median,
             "tok_s_wall_full_median": s.tok_s_wall_full_median,
             "ttft_ms_median": s.ttft_ms_median,
-            "draft_cycles": e.draft_cycles if e else None,
-            "draft_tokens": e.draft_tokens if e else None,
-            "accepted_draft_tokens": e.accepted_draft_tokens if e else None,
-            "draft_acceptance_rate": e.draft_acceptance_rate if e else None,
-            "emitted_tokens_per_draft_cycle": e.emitted_tokens_per_draft_cycle if e else None,
+            **_speculative(e),
         },
         "quality": {g.name: {"status": g.status.value, "count": g.count, "reason": g.reason}
                     for g in result.gates},
