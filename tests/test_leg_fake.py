@@ -156,3 +156,24 @@ def test_one_token_change_in_teacher_fails_at_that_index(fake_argv: list[str], r
     # row 0 is full and row 1 now diverges: the sequence gate sees it too
     assert next(g for g in bad.gates if g.name == "full_output_then_next").status is GateStatus.FAIL
     assert json.loads((run_root / "diverged" / "gates.json").read_text())["valid"] is False
+
+
+def test_every_json_file_is_rfc8785_canonical(fake_argv: list[str], run_root: Path) -> None:
+    import rfc8785
+
+    cfg = config(fake_argv, "--ttft-ms", "5", "--tok-s", "4000",
+                 env={"TOKRECORD_FAKE_TOK_S": "4000"}).model_copy(
+        update={"request_extra": {"top_p": 1e-7, "presence_penalty": 0.0}})
+    out = run_root / "leg"
+    run_leg(cfg, out)
+    for path in out.iterdir():
+        if path.suffix == ".json":
+            data = path.read_bytes()
+            assert data == rfc8785.dumps(json.loads(data)) + b"\n", path.name
+        elif path.suffix == ".jsonl":
+            for line in path.read_bytes().splitlines():
+                assert line == rfc8785.dumps(json.loads(line)), (path.name, line[:80])
+    clock = json.loads((out / "config.json").read_text())["clock"]
+    assert int(clock["epoch_ns"]) > 0
+    # times are on the leg's clock: small, well inside the I-JSON integer range
+    assert all(e.get("t_ns", 0) < 2**53 for e in read_jsonl(out / "events.jsonl"))

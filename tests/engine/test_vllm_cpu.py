@@ -113,6 +113,19 @@ def test_record_has_pairs_quality_verdict_and_gate(
         assert config["leg"]["plan_sha256"] == record["plan_sha256"]
 
 
+def test_sealed_demo_experiment_verifies_and_lints(
+    abba: tuple[dict[str, LegResult], dict[str, Any], Path]
+) -> None:
+    from tokrecord.record.lint import lint_record
+    from tokrecord.record.verify import verify_dir
+
+    _, record, exp_dir = abba
+    assert verify_dir(exp_dir) == []
+    assert lint_record(json.loads((exp_dir / "record.json").read_text())) == []
+    assert record["source"]["model_manifest_sha256"]
+    assert record["source"]["runtime_lock_packages"]["engine"] > 100  # vllm's whole env
+
+
 def test_prefix_caching_fails_cached_tokens_gate_and_audit(
     engine_python: Path, demo_model: Path, tmp_path: Path
 ) -> None:

@@ -64,7 +64,7 @@ class RichLegObserver:
         if received < self._next_update:
             return
         self._next_update = received + 32
-        secs = (t_ns - self._row_t0) / 1e9
+        secs = (time.perf_counter_ns() - self._row_t0) / 1e9  # t_ns is on the leg's clock
         rate = received / secs if secs > 0 else 0.0
         self._status.update(
             f"row {index + 1}/{self._total} {self._row_id}: {received} tokens, "
@@ -215,10 +215,13 @@ def _pct(value: Any) -> str:
 
 
 def experiment_tables(record: dict[str, Any]) -> list[Table]:
+    order = [item.split("-")[0] for item in record["protocol"]["order"]]
+    legs = [name for name in order if name in record["runs"]]
     runs = Table(title=f"experiment {record['experiment']} — legs", box=None, padding=(0, 1))
     for col in ("leg", "arm", "tok/s", "p10", "TTFT ms", "cycle ms", "acc.", "exact", "valid"):
         runs.add_column(col, justify="right" if col not in ("leg", "arm") else "left")
-    for name, leg in record["runs"].items():
+    for name in legs:
+        leg = record["runs"][name]
         runs.add_row(name, leg["treatment"], fmt(leg["headline_tok_s"]), fmt(leg["p10_tok_s"]),
                      fmt(leg["ttft_median_ms"], 1), fmt(leg["aggregate_cycle_ms"]),
                      fmt(leg["draft_acceptance_rate"], 3), leg["teacher_exact"],
@@ -230,6 +233,20 @@ def experiment_tables(record: dict[str, Any]) -> list[Table]:
         pairs.add_row(name, _pct(p["headline_delta_pct"]), _pct(p["paired_median_delta_pct"]),
                       p["candidate_row_wins"], fmt(p["aggregate_cycle_saving_ms"], 3),
                       "[green]pass[/]" if p["passed"] else "[red]fail[/]")
+    matrix = Table(title="quality gates per leg", box=None, padding=(0, 1))
+    matrix.add_column("gate", no_wrap=True)
+    for name in legs:
+        matrix.add_column(name, justify="right", no_wrap=True)
+    present = record["runs"][legs[0]]["gates"]
+    for gate in [g for g in _LABELS if g in present] + [g for g in present if g not in _LABELS]:
+        cells = []
+        for name in legs:
+            g = record["runs"][name]["gates"].get(gate, {})
+            status = g.get("status", "—")
+            style = _STATUS_STYLE.get(status, "")
+            text = g.get("count") or status if status == "pass" else status
+            cells.append(f"[{style}]{text}[/]" if style else text)
+        matrix.add_row(_LABELS.get(gate, gate), *cells)
     q = record["quality"]
     quality = Table(title="quality across legs", box=None, padding=(0, 1), show_header=False)
     quality.add_column("gate")
@@ -251,7 +268,7 @@ def experiment_tables(record: dict[str, Any]) -> list[Table]:
                f"{_pct(gate['delta_vs_prior_record_pct'])}")
     rg.add_row("pass", "[green]PASS[/]" if gate["strict_preregistered_record_pass"]
                else "[red]no record[/]")
-    return [runs, pairs, quality, rg]
+    return [runs, matrix, pairs, quality, rg]
 
 
 def print_experiment(out: Console, record: dict[str, Any], path: Path) -> None:

@@ -204,9 +204,13 @@ def stream_row(
     endpoint: Endpoint,
     sink: EventSink,
     on_tokens: Callable[[int, int], None] | None = None,
+    epoch_ns: int = 0,
 ) -> RowTrace:
     """POST one streaming request and record it. Raises StreamError on any failure,
-    after writing an `end` event that says what went wrong."""
+    after writing an `end` event that says what went wrong.
+
+    Times are `perf_counter_ns() - epoch_ns`: the leg's clock, so recorded integers
+    stay small (RFC 8785 / I-JSON) whatever the host's uptime."""
     parser = _ChunkParser(endpoint)
     decoder = SSEDecoder()
     chunks: list[Chunk] = []
@@ -215,7 +219,7 @@ def stream_row(
     done = False
     request = http.build_request("POST", endpoint.path, json=dict(body))
     where = f"row {row_index} ({row.id})"
-    t_send = time.perf_counter_ns()
+    t_send = time.perf_counter_ns() - epoch_ns
     sink.write(
         {"kind": "request", "row": row_index, "row_id": row.id, "t_send_ns": t_send,
          "path": endpoint.path, "body": dict(body)}
@@ -230,7 +234,7 @@ def stream_row(
                     f"{where}: HTTP {response.status_code} from {endpoint.path}: {detail or '(empty body)'}"
                 )
             for raw in response.iter_raw():
-                t = time.perf_counter_ns()
+                t = time.perf_counter_ns() - epoch_ns
                 for event in decoder.feed(raw):
                     events += 1
                     if event.data == DONE:
@@ -261,12 +265,12 @@ def stream_row(
         error = exc if isinstance(exc, StreamError) else StreamError(
             _transport_message(exc, where, http.base_url, received, events)
         )
-        sink.write({"kind": "end", "row": row_index, "t_ns": time.perf_counter_ns(),
+        sink.write({"kind": "end", "row": row_index, "t_ns": time.perf_counter_ns() - epoch_ns,
                     "ok": False, "error": str(error)})
         if error is exc:
             raise
         raise error from exc
-    t_end = time.perf_counter_ns()
+    t_end = time.perf_counter_ns() - epoch_ns
     if not done:
         msg = f"{where}: stream ended without [DONE] after {received} tokens ({events} events)"
         sink.write({"kind": "end", "row": row_index, "t_ns": t_end, "ok": False, "error": msg})

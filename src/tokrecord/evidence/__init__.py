@@ -1,8 +1,10 @@
 """Evidence: write-once run directories.
 
 Every file is created exclusively (an existing file is never replaced) and JSON
-is written canonically (sorted keys, no insignificant whitespace, UTF-8) so that
-the same facts always hash the same.
+is written in the JSON Canonicalization Scheme (RFC 8785) so that the same facts
+always hash the same, whoever re-serialises them. Timestamps are nanoseconds
+since the leg's own clock epoch, which keeps every integer inside the I-JSON range
+RFC 8785 requires (absolute monotonic nanoseconds exceed 2^53 after ~104 days).
 """
 
 from __future__ import annotations
@@ -12,16 +14,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+import rfc8785
 from pydantic import BaseModel
 
 from tokrecord.errors import ConfigError
 
 
 def canonical_json(obj: Any) -> bytes:
-    """Sorted keys, compact separators, UTF-8; floats in Python's shortest repr."""
-    return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    """RFC 8785 (JCS) bytes: sorted keys, no whitespace, ECMAScript number forms."""
+    try:
+        return bytes(rfc8785.dumps(obj))
+    except rfc8785.CanonicalizationError as exc:
+        raise ValueError(f"cannot canonicalise as RFC 8785 JSON: {exc}") from exc
+
+
+def _fast_canonical(record: Mapping[str, Any]) -> bytes:
+    # For records without floats, sorted compact json.dumps IS the RFC 8785 form
+    # (same key order for ASCII keys, same string escapes, integers as written) and
+    # is several times faster: this serialises every chunk in the token loop.
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
 
 
 def _plain(obj: Any) -> Any:
@@ -35,7 +47,9 @@ class JsonlWriter:
         self._fh = fh
 
     def write(self, record: Mapping[str, Any]) -> None:
-        self._fh.write(canonical_json(record) + b"\n")
+        # Chunk events hold only ints, strings and lists of ints (see client.stream).
+        line = _fast_canonical(record) if record.get("kind") == "chunk" else canonical_json(record)
+        self._fh.write(line + b"\n")
         self._fh.flush()
 
     def close(self) -> None:

@@ -219,7 +219,11 @@ def run_leg(
     spec = config.server
     port = spec.port or free_port(spec.host)
     argv = render_argv(spec.argv, {"port": str(port), "host": spec.host, "model": spec.model})
-    run.write_json("config.json", _resolved_config(config, argv, port))
+    # The leg's clock: every recorded time is nanoseconds since this instant.
+    epoch_ns = time.perf_counter_ns()
+    run.write_json("config.json", {**_resolved_config(config, argv, port), "clock": {
+        "source": "time.perf_counter_ns (CLOCK_MONOTONIC)", "unit": "ns since epoch",
+        "epoch_ns": str(epoch_ns)}})
     run.write_bytes(
         "suite.jsonl", b"".join(canonical_json(r.model_dump()) + b"\n" for r in config.suite.rows)
     )
@@ -258,6 +262,7 @@ def run_leg(
                 trace = stream_row(
                     http, row_index=i, row=row, body=body, endpoint=config.endpoint,
                     sink=events, on_tokens=lambda n, t, i=i: obs.row_tokens(i, n, t),  # type: ignore[misc]
+                    epoch_ns=epoch_ns,
                 )
                 record = RowRecord(trace=trace, metrics=row_metrics(trace.t_send_ns, trace.chunks))
                 records.append(record)
