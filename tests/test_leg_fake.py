@@ -37,22 +37,24 @@ def config(fake_argv: list[str], *extra: str, env: dict[str, str] | None = None,
 
 @pytest.mark.parametrize("endpoint", [Endpoint.COMPLETIONS, Endpoint.CHAT])
 def test_leg_at_known_rate(fake_argv: list[str], run_root: Path, endpoint: Endpoint) -> None:
-    cfg = config(fake_argv, "--ttft-ms", "40", "--tok-s", "1000", endpoint=endpoint)
+    # five rows: the median shrugs off one row the (shared, noisy) machine delayed
+    cfg = config(fake_argv, "--ttft-ms", "40", "--tok-s", "1000", endpoint=endpoint,
+                 suite=small_suite(5, 150))
     result = run_leg(cfg, run_root / "leg")
     s = result.summary
-    assert result.status == "complete" and s.rows == 3
+    assert result.status == "complete" and s.rows == 5
     assert s.tok_s_out == pytest.approx(1000, rel=0.005)
     assert s.tok_s_out_chunk_aware == pytest.approx(1000, rel=0.005)
     assert s.ttft_ms_median == pytest.approx(40, abs=5)
-    assert result.rows_count_match == 3 and result.count_source == "token_ids"
+    assert result.rows_count_match == 5 and result.count_source == "token_ids"
     assert result.cleanup_passed
     out = run_root / "leg"
     for name in ("config.json", "suite.jsonl", "events.jsonl", "rows.json", "summary.json",
                  "server.log", "metrics-before.prom", "metrics-after.prom", "cleanup.json"):
         assert (out / name).is_file(), name
     events = read_jsonl(out / "events.jsonl")
-    assert [e["row"] for e in events if e["kind"] == "request"] == [0, 1, 2]
-    assert sum(e["n"] for e in events if e["kind"] == "chunk") == 450
+    assert [e["row"] for e in events if e["kind"] == "request"] == [0, 1, 2, 3, 4]
+    assert sum(e["n"] for e in events if e["kind"] == "chunk") == 750
     summary = json.loads((out / "summary.json").read_text())
     assert summary["schema"] == "tokrecord.leg-summary/v1"
 

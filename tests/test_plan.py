@@ -70,7 +70,7 @@ def test_defaults_are_filled(tmp_path: Path) -> None:
     assert plan.gates.long_context_threshold == 800 and plan.gates.rollover_boundary is None
     # every default is explicit in what is hashed
     canonical = plan.canonical().decode()
-    for key in ('"idle_gap_s":60.0', '"schema":"tokrecord.plan/v1"', '"bootstrap_samples":10000',
+    for key in ('"idle_gap_s":60', '"schema":"tokrecord.plan/v1"', '"bootstrap_samples":10000',
                 '"row_wins_fraction_gt":0.5', '"headline":"conventional"'):
         assert key in canonical, key
 

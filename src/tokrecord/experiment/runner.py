@@ -327,6 +327,9 @@ def _complete_attempt_exists(leg_dir: Path) -> bool:
 def finish(exp_dir: Path, record: dict[str, Any], key: SigningKey | None = None) -> Path:
     """Write record.json, close the experiment and seal it (manifest, signature,
     read-only): no leg can run, and nothing can change, after this."""
+    from tokrecord.record.schema import validate_record
+
+    validate_record(record)  # a record that breaks tokrecord.record/v1 is never sealed
     path = exp_dir / "record.json"
     with open(path, "xb") as fh:
         fh.write(canonical_json(record) + b"\n")

@@ -1,0 +1,490 @@
+"""The record schema, ``tokrecord.record/v1``: what ``abba_record`` and ``single_leg_record`` write.
+
+Two record forms, told apart by their ``schema`` key:
+
+* ``tokrecord.experiment-record/v1`` (``ExperimentRecord``): an ABBA experiment;
+* ``tokrecord.single-leg-record/v1`` (``SingleLegRecord``): one leg against a goal.
+
+Both may carry the ``seal`` section the CLI adds before sealing. Every other key
+the writer emits is required, even where the reused model (``PairResult``,
+``GateResult``, ``Arm``...) has a default: a record is a complete document, not
+an input with defaults to fill in. Validation is strict, as JSON is: a string is
+not a number and ``1`` is not ``true``.
+
+``python -m tokrecord.record.schema`` prints the JSON Schema; the packaged copy
+``tokrecord/data/record.schema.json`` is that output (a test keeps them equal).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
+from pydantic_core import ErrorDetails
+
+from tokrecord.errors import ConfigError
+from tokrecord.experiment.plan import Arm, ArmName
+from tokrecord.experiment.stats import BootstrapResult, PairResult, RecordGate, Verdict
+from tokrecord.gates import GateResult, GateStatus
+from tokrecord.metrics import Convention
+from tokrecord.record import SCHEMA_ABBA, SCHEMA_SINGLE
+
+SCHEMA_ID: Final = "tokrecord.record/v1"
+SCHEMA_URL: Final = "https://tokrecord.dev/schemas/tokrecord.record/v1.json"
+JSON_SCHEMA_DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
+
+# -- shared value types -------------------------------------------------------------------
+
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Date = Annotated[str, StringConstraints(pattern=r"^\d{4}-\d{2}-\d{2}$")]
+# A count summed over legs ("13/13"), or "not tested" when no leg could test it.
+Count = Annotated[str, StringConstraints(pattern=r"^\d+/\d+$|^not tested$")]
+# A gate's own count: a fraction ("5/5") or, for one_suite_invocation / zero_retries, a number.
+GateCount = Annotated[str, StringConstraints(pattern=r"^\d+(/\d+)?$")]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+LegName = Literal["A1", "B1", "B2", "A2"]
+EvidenceName = Literal["summary.json", "rows.json", "events.jsonl", "gates.json", "config.json",
+                       "server.log", "cleanup.json", "metrics-before.prom", "metrics-after.prom"]
+EvidenceHashes = dict[EvidenceName, Sha256]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# -- sections both forms share ------------------------------------------------------------
+
+
+class Attempt(_Section):
+    """One leg attempt, from the experiment's state log (the teacher's included)."""
+
+    leg: str
+    attempt: int = Field(ge=1)
+    status: Literal["complete", "failed", "interrupted"]
+    valid: bool
+    error: str | None
+    run_dir: str
+
+
+class SpeculativeCounters(_Section):
+    """Engine counter deltas over the suite; null where the engine does not expose them."""
+
+    draft_cycles: int | None
+    draft_tokens: int | None
+    accepted_draft_tokens: int | None
+    draft_acceptance_rate: float | None
+    emitted_tokens_per_draft_cycle: float | None
+    aggregate_cycle_ms: float | None
+
+
+class GitTokrecord(_Section):
+    kind: Literal["git"]
+    commit: str
+    dirty: bool
+
+
+class PackageTokrecord(_Section):
+    kind: Literal["package"]
+    version: str
+
+
+class SourceRepo(_Section):
+    commit: str
+    dirty: bool
+    public_base: str | None
+    bundle_sha256: Sha256 | None
+    patch_sha256: Sha256 | None
+
+
+class IdentitySummary(_Section):
+    """The identity facts a reader looks for first, and the hash of the full identity.json."""
+
+    identity_sha256: Sha256
+    tokrecord: Annotated[GitTokrecord | PackageTokrecord, Field(discriminator="kind")]
+    sources: dict[str, SourceRepo]
+    native_modules: dict[str, dict[str, Sha256]]  # env -> {relative path: sha256}
+    runtime_lock_sha256: Sha256
+    runtime_lock_packages: dict[str, NonNegativeInt]  # env -> number of packages
+    model_manifest_sha256: Sha256 | None
+    model_revision: str | None
+    python: str
+    platform: str
+
+
+class Empty(_Section):
+    """An empty object: ``source`` without an identity.json, ``submission`` always."""
+
+
+def _source_kind(value: Any) -> str:
+    return "Empty" if isinstance(value, Mapping) and not value else "IdentitySummary"
+
+
+Source = Annotated[
+    Annotated[IdentitySummary, Tag("IdentitySummary")] | Annotated[Empty, Tag("Empty")],
+    Discriminator(_source_kind),
+]
+
+
+class Seal(_Section):
+    """Added by ``tokrecord experiment`` before sealing: the key that signed the manifest."""
+
+    public_key_fingerprint: Annotated[str, StringConstraints(pattern=r"^SHA256:[A-Za-z0-9+/]{43}$")]
+    keyid: Sha256
+    public_key_pem: Annotated[str, StringConstraints(pattern=r"^-----BEGIN PUBLIC KEY-----\n")]
+
+
+class _Record(_Section):
+    seal: Seal | None = None  # optional; when present, never null
+
+    @field_validator("seal", mode="before")
+    @classmethod
+    def _seal_not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("seal is either absent or an object, never null")
+        return value
+
+
+# -- tokrecord.experiment-record/v1 -------------------------------------------------------
+
+
+class PriorApprovedRecord(_Section):
+    id: str | None
+    tok_s: float | None
+
+
+class Treatments(_Section):
+    control: Arm
+    candidate: Arm
+
+
+class AbbaProtocol(_Section):
+    order: list[Annotated[str, StringConstraints(pattern=r"^[AB][12]-(control|candidate)$")]]
+    fresh_service_per_leg: Literal[True]
+    idle_gap_seconds_minimum: float = Field(ge=0)
+    idle_gap_seconds_measured: dict[LegName, float]
+    generation_warmup: Literal["none"]
+    prompt_count_per_leg: NonNegativeInt
+    prompts_unique_per_leg: bool
+    each_prompt_run_once: bool
+    cached_tokens_all_zero: bool
+    single_active_generation: bool
+    max_tokens: NonNegativeInt | None  # the most tokens any row of A1 received
+    top_level_prompt_tokens_suite_median: float | None
+    top_level_output_tokens_suite_median: float | None
+    metric: str
+    headline_convention: Convention
+    headline_formula: str
+    fifth_run_permitted: Literal[False]
+
+
+class GateSummary(_Section):
+    status: GateStatus
+    count: GateCount | None
+
+
+class LegBlock(SpeculativeCounters):
+    """One ABBA leg: its figures under the seeds' names, its gates and its evidence hashes."""
+
+    treatment: ArmName
+    attempts: NonNegativeInt
+    headline_tok_s: float | None
+    p10_tok_s: float | None
+    mean_tok_s: float | None
+    stdev_tok_s: float | None
+    full_after_ttft_median_tok_s: float | None
+    wall_full_median_tok_s: float | None
+    ttft_median_ms: float | None
+    conventional_tok_s: float | None
+    legacy_inclusive_events_tok_s: float | None
+    chunk_aware_tok_s: float | None
+    quantisation_bound_pct: float | None
+    teacher_exact: Count
+    valid: bool
+    gates: dict[str, GateSummary]
+    warnings: list[str]
+    evidence_sha256: EvidenceHashes
+    run_dir: str
+
+
+class AbbaRuns(_Section):
+    A1: LegBlock
+    B1: LegBlock
+    B2: LegBlock
+    A2: LegBlock
+
+
+class AbbaPairs(_Section):
+    B1_vs_A1: PairResult
+    B2_vs_A2: PairResult
+
+
+class AbbaQuality(_Section):
+    all_legs_teacher_exact: Count
+    all_legs_cross_exact: bool
+    cross_leg_exact: GateResult
+    all_legs_cached_zero: Count
+    full_output_then_next_exact: Count
+    long_then_next_exact: Count
+    rollover_exact: Count
+    token_count_integrity: Count
+    cleanup_passed_all_legs: bool
+    all_legs_valid: bool
+    retries: NonNegativeInt
+    full_abba_causal_pass: bool
+
+
+class AbbaArtifacts(_Section):
+    root: str
+
+
+class ExperimentRecord(_Record):
+    """``tokrecord.experiment-record/v1``: an ABBA experiment (A1 B1 B2 A2)."""
+
+    schema_id: Literal["tokrecord.experiment-record/v1"] = Field(alias="schema")
+    experiment: str
+    date: Date
+    status: Literal["strict_preregistered_record_pass", "no_record"]
+    plan_sha256: Sha256
+    prior_approved_record: PriorApprovedRecord
+    treatment: Treatments
+    protocol: AbbaProtocol
+    runs: AbbaRuns
+    attempts: list[Attempt]
+    pair_results: AbbaPairs
+    quality: AbbaQuality
+    bootstrap: BootstrapResult | None
+    verdict: Verdict  # UNDECIDED when no bootstrap could be computed
+    record_gate: RecordGate
+    source: Source
+    artifacts: AbbaArtifacts
+    submission: Empty
+
+
+# -- tokrecord.single-leg-record/v1 -------------------------------------------------------
+
+
+class MetricAccounting(_Section):
+    published_convention: Convention
+    published_formula: str
+    published_value_tok_s: float | None
+    timestamped_events: Literal[100]
+    inter_token_intervals: Literal[99]
+    conventional_interval_formula: str
+    conventional_interval_value_tok_s: float | None
+    legacy_inclusive_events_value_tok_s: float | None
+    chunk_aware_value_tok_s: float | None
+    quantisation_bound_pct: float | None
+    conventional_goal_tok_s: float | None
+    conventional_margin_to_goal_tok_s: float | None
+
+
+class SingleFigures(_Section):
+    """The ``record`` section: the value against the goal, the prior approved and prior best."""
+
+    value_tok_s: float | None
+    value_qualification: str
+    goal_tok_s: float | None
+    margin_over_goal_tok_s: float | None
+    prior_approved_tok_s: float | None
+    prior_approved_id: str | None
+    delta_vs_approved_tok_s: float | None
+    delta_vs_approved_pct: float | None
+    prior_best_exact_tok_s: float | None
+    delta_vs_prior_best_exact_tok_s: float | None
+    delta_vs_prior_best_exact_pct: float | None
+
+
+class SingleSummary(SpeculativeCounters):
+    tok_s_out: float | None
+    tok_s_out_p10: float | None
+    tok_s_out_mean: float | None
+    tok_s_out_stdev: float | None
+    tok_s_full_after_ttft_median: float | None
+    tok_s_wall_full_median: float | None
+    ttft_ms_median: float | None
+
+
+class GateDetail(GateSummary):
+    reason: str
+
+
+class Operational(_Section):
+    cleanup_passed: bool | None
+    surviving_workers: NonNegativeInt | None
+    port_listener_after_run: bool | None
+
+
+class SingleArtifacts(_Section):
+    root: str
+    run_dir: str
+
+
+class SingleLegRecord(_Record):
+    """``tokrecord.single-leg-record/v1``: one leg of the candidate arm against the plan's goal."""
+
+    schema_id: Literal["tokrecord.single-leg-record/v1"] = Field(alias="schema")
+    date: Date
+    status: Literal["record_pass", "no_record"]
+    plan_sha256: Sha256
+    metric: str
+    metric_accounting: MetricAccounting
+    record: SingleFigures
+    summary: SingleSummary
+    quality: dict[str, GateDetail]
+    valid: bool
+    attempts: list[Attempt]
+    operational: Operational
+    sha256: EvidenceHashes
+    source: Source
+    artifacts: SingleArtifacts
+    submission: Empty
+
+
+Record = Annotated[ExperimentRecord | SingleLegRecord, Field(discriminator="schema_id")]
+RECORD_ADAPTER: TypeAdapter[ExperimentRecord | SingleLegRecord] = TypeAdapter(Record)
+_RECORD_MODELS: Final = (ExperimentRecord, SingleLegRecord)
+_OPTIONAL_KEYS: Final = frozenset({"seal"})  # of the record models only
+
+
+# -- validation ---------------------------------------------------------------------------
+
+
+def validate_record(
+    obj: Mapping[str, Any], *, source: str = "record"
+) -> ExperimentRecord | SingleLegRecord:
+    """The record as a model; ConfigError naming the first bad key path when it is not one."""
+    try:
+        text = json.dumps(dict(obj), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: not a JSON document: {exc}") from exc
+    try:
+        record = RECORD_ADAPTER.validate_json(text, strict=True)
+    except ValidationError as exc:
+        raise ConfigError(_describe(source, obj, exc.errors())) from exc
+    missing = _first_unset(record, ())
+    if missing is not None:
+        raise ConfigError(f"{source}: key '{_dotted(missing)}': Field required")
+    return record
+
+
+def _describe(source: str, obj: Mapping[str, Any], errors: Sequence[ErrorDetails]) -> str:
+    first = errors[0]
+    path = _data_path(obj, first["loc"])
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key (typo?)"
+    elif first["type"] in ("union_tag_not_found", "union_tag_invalid") and not path:
+        path = ("schema",)
+        found = "missing" if first["type"] == "union_tag_not_found" else f"{obj.get('schema')!r}"
+        msg = f"{found}; must be {SCHEMA_ABBA!r} or {SCHEMA_SINGLE!r}"
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return f"{source}: key '{_dotted(path) or '(top level)'}': {msg}{more}"
+
+
+def _data_path(obj: Any, loc: Sequence[int | str]) -> tuple[int | str, ...]:
+    """The error's location as keys of the document: union tags (the record's schema,
+    a source's form, tokrecord's kind) are not keys, so they are dropped."""
+    path: list[int | str] = []
+    node: Any = obj
+    for i, part in enumerate(loc):
+        last = i == len(loc) - 1
+        if part == "[key]":  # a dict key's own error: the key is already in the path
+            continue
+        is_key = (isinstance(node, Mapping) and part in node) or (
+            isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node))
+        if is_key:
+            node = node[part]
+        elif not last:
+            continue  # a union tag
+        path.append(part)
+    return tuple(path)
+
+
+def _first_unset(value: Any, path: tuple[int | str, ...]) -> tuple[int | str, ...] | None:
+    """The first key a model filled from a default: the writer always emits it, so a record
+    without it is not one tokrecord wrote."""
+    if isinstance(value, BaseModel):
+        optional = _OPTIONAL_KEYS if isinstance(value, _RECORD_MODELS) else frozenset()
+        for name, field in type(value).model_fields.items():
+            key = field.alias or name
+            if name not in value.model_fields_set:
+                if name in optional:
+                    continue
+                return (*path, key)
+            found = _first_unset(getattr(value, name), (*path, key))
+            if found is not None:
+                return found
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            found = _first_unset(item, (*path, key))
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _first_unset(item, (*path, index))
+            if found is not None:
+                return found
+    return None
+
+
+def _dotted(path: Sequence[int | str]) -> str:
+    return ".".join(str(p) for p in path)
+
+
+# -- the JSON Schema ----------------------------------------------------------------------
+
+
+def record_json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of both record forms, every emitted key required."""
+    generated = RECORD_ADAPTER.json_schema(by_alias=True, mode="validation")
+    defs: dict[str, Any] = generated.pop("$defs")
+    records = {model.__name__ for model in _RECORD_MODELS}
+    for name, definition in defs.items():
+        props: dict[str, Any] | None = definition.get("properties")
+        if props is None:
+            continue
+        for key, prop in props.items():
+            prop.pop("default", None)  # required below: a default would never apply
+            if key == "seal" and name in records:
+                props[key] = {"$ref": "#/$defs/Seal",
+                              "description": "present once the record is sealed by the CLI"}
+        if not props:  # Empty: no keys at all
+            definition.pop("properties")
+            continue
+        optional = _OPTIONAL_KEYS if name in records else frozenset()
+        definition["required"] = [key for key in props if key not in optional]
+    return {
+        "$schema": JSON_SCHEMA_DIALECT,
+        "$id": SCHEMA_URL,
+        "title": SCHEMA_ID,
+        "description": "A tokrecord record: an ABBA experiment record "
+        f"({SCHEMA_ABBA}) or a single-leg record ({SCHEMA_SINGLE}), told apart by 'schema'.",
+        **generated,
+        "$defs": defs,
+    }
+
+
+def record_json_schema_text() -> str:
+    """The packaged file's exact text."""
+    return json.dumps(record_json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def main() -> None:
+    sys.stdout.write(record_json_schema_text())
+
+
+if __name__ == "__main__":
+    main()
