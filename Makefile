@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # This machine's pip indexes print one warning per missing mirror entry; hide them.
 QUIET_PIP := grep -v 'is ignored: it is neither a file nor a directory' || true
 
-.PHONY: setup engine demo test test-fast lint clean
+.PHONY: setup engine demo test test-fast lint schema clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ test: engine lint
 # Without the real engine: fake server and pure code only (~1 min).
 test-fast: setup
 	$(BIN)/python -m pytest -m "not engine"
+
+# Regenerate the published record schema after changing the record models.
+schema: setup
+	$(BIN)/python -m tokrecord.record.schema > src/tokrecord/data/record.schema.json
 
 clean:
 	rm -rf $(VENV) tokrecord-runs .pytest_cache .mypy_cache .ruff_cache

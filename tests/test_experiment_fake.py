@@ -533,7 +533,7 @@ def test_single_design_one_candidate_leg(tmp_path: Path) -> None:
         ("teacher", 1, "complete"), ("B1", 1, "complete")]
     assert json.loads((exp / "teacher.json").read_text())["arm"]["name"] == "candidate"
     assert record["quality"]["teacher_exact"]["count"] == "5/5"
-    assert record["operational"]["cleanup_passed"] is True
+    assert record["operational"]["legs"]["B1"]["cleanup_passed"] is True
     assert record["summary"]["tok_s_out"] == value
     assert record["sha256"].keys() >= {"summary.json", "rows.json", "events.jsonl"}
     assert [e["before"] for e in events(exp) if e["event"] == "idle_gap"] == ["B1"]

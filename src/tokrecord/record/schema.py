@@ -250,6 +250,52 @@ class AbbaArtifacts(_Section):
     root: str
 
 
+class HeadlineAccounting(_Section):
+    """Both per-token conventions and the chunk-aware rate of the lower candidate leg."""
+
+    headline_leg: str
+    published_convention: Convention
+    published_formula: str
+    published_value_tok_s: float | None
+    timestamped_events: Literal[100]
+    inter_token_intervals: Literal[99]
+    conventional_interval_formula: str
+    conventional_interval_value_tok_s: float | None
+    legacy_inclusive_events_value_tok_s: float | None
+    chunk_aware_value_tok_s: float | None
+    quantisation_bound_pct: float | None
+    qualification: str
+
+
+class LogFact(_Section):
+    claim: str
+    holds: bool
+    statement: str
+
+
+class LegOperational(_Section):
+    idle_gap_before_seconds: float | None
+    server_ready_seconds: float | None
+    cleanup_passed: bool | None
+    surviving_workers: NonNegativeInt | None
+    port_listener_after_run: bool | None
+    stop_seconds: float | None
+    sigkill_sent: bool | None
+
+
+class Operational(_Section):
+    legs: dict[str, LegOperational]
+    artifact_sealed_read_only: bool
+
+
+class Reproducibility(_Section):
+    portable_sealed_evidence: str
+    identity: str
+    verify: str
+    artifact_exact_scope: str
+    source_rebuild_scope: str
+
+
 class ExperimentRecord(_Record):
     """``tokrecord.experiment-record/v1``: an ABBA experiment (A1 B1 B2 A2)."""
 
@@ -268,6 +314,10 @@ class ExperimentRecord(_Record):
     bootstrap: BootstrapResult | None
     verdict: Verdict  # UNDECIDED when no bootstrap could be computed
     record_gate: RecordGate
+    metric_accounting: HeadlineAccounting
+    log_facts: dict[str, list[LogFact]]
+    operational: Operational
+    reproducibility: Reproducibility
     source: Source
     artifacts: AbbaArtifacts
     submission: Empty
@@ -321,12 +371,6 @@ class GateDetail(GateSummary):
     reason: str
 
 
-class Operational(_Section):
-    cleanup_passed: bool | None
-    surviving_workers: NonNegativeInt | None
-    port_listener_after_run: bool | None
-
-
 class SingleArtifacts(_Section):
     root: str
     run_dir: str
@@ -346,7 +390,9 @@ class SingleLegRecord(_Record):
     quality: dict[str, GateDetail]
     valid: bool
     attempts: list[Attempt]
+    log_facts: dict[str, list[LogFact]]
     operational: Operational
+    reproducibility: Reproducibility
     sha256: EvidenceHashes
     source: Source
     artifacts: SingleArtifacts

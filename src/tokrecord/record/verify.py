@@ -35,7 +35,7 @@ from tokrecord.suite import Suite, parse_suite
 
 # Fields that say where or when, not what was measured: a copied directory keeps its
 # meaning, so these are not compared.
-_VOLATILE = frozenset({"run_dir", "root", "date", "seal"})
+_VOLATILE = frozenset({"run_dir", "root", "date", "seal", "portable_sealed_evidence", "verify"})
 
 
 def _rel(path: Path, base: Path) -> str:
