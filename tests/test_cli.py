@@ -32,6 +32,11 @@ def test_leg_against_fake_prints_summary(tmp_path: Path) -> None:
     assert "  2/2 " in proc.stderr and "server ready" in proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["summary"]["rows"] == 2
+    # the leg is sealed, and verify recomputes it from its raw events
+    assert (out / "manifest.sig.json").is_file() and "tokrecord verify" in proc.stdout
+    proc = run("verify", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "verified" in proc.stdout
 
 
 def test_unknown_option() -> None:

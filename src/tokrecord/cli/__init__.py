@@ -174,6 +174,15 @@ def _execute(config: LegConfig, out: Path, *, teacher: Teacher | None = None,
     return result
 
 
+def _seal_run(run_dir: Path) -> None:
+    from tokrecord.evidence.seal import seal
+
+    key = load_or_create_key()
+    seal(run_dir, key)
+    out_console.print(f"sealed and signed (key {key.fingerprint}); check it with: "
+                      f"tokrecord verify {run_dir}", soft_wrap=True)
+
+
 def _check_teacher_matches(teacher: Teacher, config: LegConfig, path: Path) -> None:
     if teacher.suite_sha256 != config.suite.sha256:
         raise ConfigError(
@@ -204,8 +213,9 @@ def leg(
     loaded = load_teacher(teacher) if teacher else None
     if loaded is not None and teacher is not None:
         _check_teacher_matches(loaded, leg_config, teacher)
-    result = _execute(leg_config, out or _default_out("leg"), teacher=loaded,
-                      show_log_tail=show_log_tail)
+    run_dir = out or _default_out("leg")
+    result = _execute(leg_config, run_dir, teacher=loaded, show_log_tail=show_log_tail)
+    _seal_run(run_dir)
     # A failed gate is a verdict scripts must see; "not tested" (no teacher) is not.
     if any(g.status.value == "fail" for g in result.gates):
         raise typer.Exit(3)
@@ -235,6 +245,7 @@ def teacher_cmd(
     _execute(leg_config, run_dir, show_log_tail=show_log_tail)
     captured = teacher_from_run(run_dir, leg_config, model_manifest=None)
     write_teacher(target, captured)
+    _seal_run(run_dir)
     out_console.print(f"teacher: {target} ({len(captured.rows)} rows, sha256 {captured.sha256})")
 
 
