@@ -124,6 +124,7 @@ def test_sealed_demo_experiment_verifies_and_lints(
     assert lint_record(json.loads((exp_dir / "record.json").read_text())) == []
     assert record["source"]["model_manifest_sha256"]
     assert record["source"]["runtime_lock_packages"]["engine"] > 100  # vllm's whole env
+    assert "vllm/_C.abi3.so" in record["source"]["native_modules"]["engine"]
 
 
 def test_prefix_caching_fails_cached_tokens_gate_and_audit(

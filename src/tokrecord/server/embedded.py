@@ -157,6 +157,7 @@ def demo_plan(python: Path, model_dir: Path, *, rows: int | None = None,
               idle_gap_s: float = 5.0) -> Plan:
     """The embedded ABBA: control plain, candidate ngram speculative decoding."""
     from tokrecord.experiment.plan import Arm, Design, ServerPlan
+    from tokrecord.identity import IdentitySpec
 
     return Plan(
         name="demo-ngram-vs-plain",
@@ -175,5 +176,7 @@ def demo_plan(python: Path, model_dir: Path, *, rows: int | None = None,
         teacher="capture",
         idle_gap_s=idle_gap_s,
         gates=GateConfig(long_context_threshold=800, rollover_boundary=1024),
+        # The engine's compiled kernels, hashed: the bytes that actually ran.
+        identity=IdentitySpec(native_globs={"engine": ["vllm/**/*.so"]}),
         notes="tokrecord demo: a tiny random Llama on vLLM CPU",
     )
