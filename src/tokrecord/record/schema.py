@@ -250,10 +250,9 @@ class AbbaArtifacts(_Section):
     root: str
 
 
-class HeadlineAccounting(_Section):
-    """Both per-token conventions and the chunk-aware rate of the lower candidate leg."""
+class Accounting(_Section):
+    """The headline in every convention: both per-token forms and the chunk-aware rate."""
 
-    headline_leg: str
     published_convention: Convention
     published_formula: str
     published_value_tok_s: float | None
@@ -264,6 +263,12 @@ class HeadlineAccounting(_Section):
     legacy_inclusive_events_value_tok_s: float | None
     chunk_aware_value_tok_s: float | None
     quantisation_bound_pct: float | None
+
+
+class HeadlineAccounting(Accounting):
+    """An experiment's accounting is that of its lower candidate leg."""
+
+    headline_leg: str
     qualification: str
 
 
@@ -326,17 +331,7 @@ class ExperimentRecord(_Record):
 # -- tokrecord.single-leg-record/v1 -------------------------------------------------------
 
 
-class MetricAccounting(_Section):
-    published_convention: Convention
-    published_formula: str
-    published_value_tok_s: float | None
-    timestamped_events: Literal[100]
-    inter_token_intervals: Literal[99]
-    conventional_interval_formula: str
-    conventional_interval_value_tok_s: float | None
-    legacy_inclusive_events_value_tok_s: float | None
-    chunk_aware_value_tok_s: float | None
-    quantisation_bound_pct: float | None
+class MetricAccounting(Accounting):
     conventional_goal_tok_s: float | None
     conventional_margin_to_goal_tok_s: float | None
 
