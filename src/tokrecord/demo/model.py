@@ -33,6 +33,8 @@ import safetensors.numpy
 import tokenizers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tokrecord.identity.hashing import manifest_text, sha256_file
+
 DEMO_MODEL_NAME: Final = "tokrecord-demo-llama"
 
 # Bump when the builder's output changes for reasons the spec below does not capture (file
@@ -140,14 +142,6 @@ _MODEL_FILES: Final = (
 
 def _json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, sort_keys=True, indent=2) + "\n").encode("utf-8")
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def corpus_bytes() -> bytes:
@@ -300,14 +294,14 @@ def model_manifest(model_dir: Path) -> dict[str, str]:
     for path in sorted(model_dir.rglob("*")):
         rel = path.relative_to(model_dir).as_posix()
         if path.is_file() and rel != MANIFEST_NAME:
-            out[rel] = _sha256_file(path)
+            out[rel] = sha256_file(path)
     return dict(sorted(out.items()))
 
 
 def write_manifest(model_dir: Path) -> Path:
     manifest = model_manifest(model_dir)
     path = Path(model_dir) / MANIFEST_NAME
-    path.write_text("".join(f"{h}  {rel}\n" for rel, h in manifest.items()), encoding="utf-8")
+    path.write_text(manifest_text(manifest), encoding="utf-8")
     return path
 
 

@@ -45,6 +45,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from pydantic import BaseModel, ConfigDict
 
 from tokrecord.errors import TokrecordError
+from tokrecord.identity.hashing import manifest_text, sha256_file
 
 MANIFEST_NAME = "manifest.sha256"
 SIGNATURE_NAME = "manifest.sig.json"
@@ -270,11 +271,6 @@ def _name_problem(name: str) -> str | None:
     return None
 
 
-def _sha256_file(path: Path) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -285,7 +281,8 @@ def write_manifest(directory: Path) -> Path:
     if bad:
         listing = "; ".join(f"{rel}: {why}" for rel, why in bad)
         raise SealError(f"cannot seal {directory}: {listing}")
-    lines = "".join(f"{_sha256_file(directory / rel)}  {rel}\n" for rel in files)
+    # _scan refuses names manifest_text would have to escape, so every line is plain.
+    lines = manifest_text({rel: sha256_file(directory / rel) for rel in files})
     target = directory / MANIFEST_NAME
     try:
         with open(target, "xb") as fh:
@@ -469,9 +466,9 @@ def verify_seal(directory: Path, expected_fingerprint: str | None = None) -> lis
             )
             continue
         try:
-            actual = _sha256_file(directory / rel)
-        except OSError as exc:
-            problems.append(Problem(file=rel, field="sha256", message=f"cannot be read: {exc.strerror}"))
+            actual = sha256_file(directory / rel)
+        except TokrecordError as exc:
+            problems.append(Problem(file=rel, field="sha256", message=f"cannot be read: {exc}"))
             continue
         if actual != digest:
             problems.append(

@@ -208,8 +208,10 @@ def _run_attempts(
     teacher: Teacher | None,
     index: int,
     total: int,
+    before_run: Callable[[], None] = lambda: None,
 ) -> LegResult:
-    """Keep a complete attempt, or mark earlier ones interrupted and run a fresh one."""
+    """Keep a complete attempt; else mark earlier ones interrupted, wait `before_run`
+    (the idle gap, measured after any orphaned server is stopped) and run a fresh one."""
     name = leg_dir.name
     attempts = _attempt_dirs(leg_dir)
     for run_dir in attempts:
@@ -218,6 +220,7 @@ def _run_attempts(
             observer.leg_kept(name, done)
             return done
     _reconcile(state, leg_dir)
+    before_run()
     attempt = len(attempts) + 1
     run_dir = leg_dir / f"attempt-{attempt}"
     config = make_config(attempt)
@@ -298,12 +301,11 @@ def run_experiment(
     results: dict[str, LegResult] = {}
     total = len(plan.legs)
     for index, (name, arm) in enumerate(plan.legs, start=1):
-        leg_dir = exp_dir / name
-        if not _complete_attempt_exists(leg_dir):
-            _reconcile(state, leg_dir)  # an orphan's stop counts for the idle gap
-            _honour_idle_gap(plan, state, name, obs, sleep)
-        results[name] = _run_attempts(state, leg_dir, functools.partial(leg_config, plan, suite, name, arm),
-                                      obs, teacher, index, total)
+        results[name] = _run_attempts(
+            state, exp_dir / name, functools.partial(leg_config, plan, suite, name, arm),
+            obs, teacher, index, total,
+            before_run=functools.partial(_honour_idle_gap, plan, state, name, obs, sleep),
+        )
     return results
 
 
@@ -318,10 +320,6 @@ def _honour_idle_gap(plan: Plan, state: _State, before: str, obs: ExperimentObse
         obs.idle_wait(before, wait)
         sleep(wait)
     state.append("idle_gap", before=before, seconds=time.time() - last, minimum=plan.idle_gap_s)
-
-
-def _complete_attempt_exists(leg_dir: Path) -> bool:
-    return any(_complete(d) is not None for d in _attempt_dirs(leg_dir))
 
 
 def finish(exp_dir: Path, record: dict[str, Any], key: SigningKey | None = None) -> Path:

@@ -25,6 +25,7 @@ from tokrecord.experiment.stats import (
     record_gate,
 )
 from tokrecord.gates import GateResult, GateStatus, RowOutcome, cross_leg_exact
+from tokrecord.identity import sha256_file
 from tokrecord.metrics import EngineCounters
 
 SCHEMA_ABBA = "tokrecord.experiment-record/v1"
@@ -38,16 +39,8 @@ FORMULAS = {
 }
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def evidence_hashes(run_dir: Path) -> dict[str, str]:
-    return {name: file_sha256(run_dir / name) for name in EVIDENCE_FILES
+    return {name: sha256_file(run_dir / name) for name in EVIDENCE_FILES
             if (run_dir / name).exists()}
 
 
@@ -215,7 +208,7 @@ def identity_summary(exp_dir: Path) -> dict[str, Any]:
     tok = ident.get("tokrecord") or {}
     model = ident.get("model") or {}
     out: dict[str, Any] = {
-        "identity_sha256": file_sha256(path),
+        "identity_sha256": sha256_file(path),
         "tokrecord": {k: tok.get(k) for k in ("kind", "commit", "dirty", "version") if k in tok},
         "sources": {name: {"commit": s.get("commit"), "dirty": s.get("dirty"),
                            "public_base": s.get("public_base"),
