@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from probes_support import FAST_IDLE
 from tokrecord.client import CountSource, RowTrace
 from tokrecord.errors import ConfigError
 from tokrecord.experiment.audit import audit_suite, judge_audit
@@ -76,7 +77,7 @@ def fake_audit_result(tmp_path_factory: pytest.TempPathFactory) -> LegResult:
     cfg = LegConfig(
         name="audit",
         server=ServerSpec(argv=argv, model="fake-model", ready_timeout_s=30, stop_grace_s=3),
-        suite=audit_suite(load_suite(), None),
+        suite=audit_suite(load_suite(), None), idle=FAST_IDLE,
     )
     return run_leg(cfg, tmp_path_factory.mktemp("audit") / "leg")
 

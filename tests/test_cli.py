@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from probes_support import FAST_IDLE_ARGS
+
 CLI = [sys.executable, "-m", "tokrecord"]
 FAKE_CMD = f"{sys.executable} -m tokrecord.server.fake --host {{host}} --port {{port}} --model {{model}}"
 
@@ -19,7 +21,9 @@ def cli_env() -> dict[str, str]:
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+    # Legs here are not about the idle gate: quick snapshots, no thresholds.
+    fast = FAST_IDLE_ARGS if args and args[0] in ("leg", "teacher", "cache-audit") else ()
+    return subprocess.run([*CLI, *args, *fast], capture_output=True, text=True, timeout=timeout,
                           env=cli_env())
 
 
@@ -119,7 +123,7 @@ def test_interrupt_stops_server_and_keeps_run_dir(tmp_path: Path) -> None:
     with open(stderr_path, "w") as stderr:
         proc = subprocess.Popen(
             [*CLI, "leg", "--server-cmd", FAKE_CMD + " --tok-s 50", "--model", "m",
-             "--out", str(out)],
+             "--out", str(out), *FAST_IDLE_ARGS],
             stdout=subprocess.DEVNULL, stderr=stderr,
             env=cli_env(),
         )
@@ -141,7 +145,8 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path: Path) -> None:
 
     out = tmp_path / "o"
     proc = subprocess.Popen(
-        [*CLI, "leg", "--server-cmd", FAKE_CMD + " --tok-s 50", "--model", "m", "--out", str(out)],
+        [*CLI, "leg", "--server-cmd", FAKE_CMD + " --tok-s 50", "--model", "m", "--out", str(out),
+         *FAST_IDLE_ARGS],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env=cli_env(),
     )

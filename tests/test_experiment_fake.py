@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
+from probes_support import FAST_IDLE_TOML
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import read_jsonl
 from tokrecord.experiment.plan import Plan, load_plan
@@ -64,7 +65,8 @@ def plan_toml(name: str, *, design: str = "abba", control: float | None = 1000,
              f"suite_rows = {rows}", f"idle_gap_s = {idle}"]
     if teacher is not None:
         lines.append(f'teacher = "{teacher}"')
-    lines += [extra, "[server]", f"argv = {json.dumps(FAKE_ARGV)}", 'model = "fake-model"',
+    lines += [extra, FAST_IDLE_TOML, "[server]", f"argv = {json.dumps(FAKE_ARGV)}",
+              'model = "fake-model"',
               "ready_timeout_s = 30", "stop_grace_s = 3"]
     if control is not None:
         lines += ["[arms.control]", f'env = {{ TOKRECORD_FAKE_TOK_S = "{control:g}" }}']

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from probes_support import FAST_IDLE, FAST_TELEMETRY
 from tokrecord.client import Endpoint
 from tokrecord.errors import ServerError, StreamError
 from tokrecord.evidence import read_jsonl
@@ -31,7 +32,7 @@ def config(fake_argv: list[str], *extra: str, env: dict[str, str] | None = None,
         server=ServerSpec(argv=(*fake_argv, *extra), model="fake-model", env=env or {},
                           ready_timeout_s=30, stop_grace_s=3),
         suite=suite or small_suite(),
-        endpoint=endpoint,
+        endpoint=endpoint, idle=FAST_IDLE, telemetry=FAST_TELEMETRY,
     )
 
 
@@ -107,7 +108,7 @@ def test_malformed_sse(fake_argv: list[str], run_root: Path) -> None:
 def test_server_never_ready(fake_argv: list[str], run_root: Path) -> None:
     cfg = LegConfig(
         server=ServerSpec(argv=(*fake_argv, "--never-ready"), model="m", ready_timeout_s=2),
-        suite=small_suite(),
+        suite=small_suite(), idle=FAST_IDLE,
     )
     _fails(cfg, run_root / "x", ServerError, "did not become ready within 2 s")
 

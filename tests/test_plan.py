@@ -236,3 +236,20 @@ def test_absolute_paths_and_capture_are_kept(tmp_path: Path) -> None:
     plan = load_plan(write(tmp_path, text, "p/plan.toml"))
     assert plan.suite == str(suite)
     assert plan.teacher == "capture"
+
+
+def test_plan_sealed_before_idle_gates_keeps_its_hash() -> None:
+    """A demo plan preregistered by tokrecord before [idle] and [telemetry] existed:
+    its hash (in every leg and the record) must not change, or it stops verifying."""
+    import json
+
+    from tokrecord.probes.idle import IdleCriteria
+
+    fixture = Path(__file__).parent / "fixtures" / "legacy-plan"
+    plan = Plan.model_validate(json.loads((fixture / "plan.json").read_text()))
+    registered = (fixture / "plan.sha256").read_text().split()[0]
+    assert plan.sha256 == registered
+    assert b'"idle"' not in plan.canonical() and b'"telemetry"' not in plan.canonical()
+    # A declared, non-default [idle] is part of the hash.
+    strict = plan.model_copy(update={"idle": IdleCriteria(consecutive=13)})
+    assert strict.sha256 != registered and b'"consecutive":13' in strict.canonical()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from probes_support import FAST_PLAN_SECTIONS
 from tokrecord.errors import ConfigError
 from tokrecord.evidence.seal import load_or_create_key
 from tokrecord.experiment.plan import parse_plan
@@ -38,7 +39,7 @@ def _plan(design: str) -> dict[str, Any]:
         arms["control"] = {"env": {"TOKRECORD_FAKE_TOK_S": "3000"}}
     return {
         "name": f"schema-{design}", "design": design, "suite_rows": 2, "teacher": "capture",
-        "idle_gap_s": 0,
+        "idle_gap_s": 0, **FAST_PLAN_SECTIONS,
         "server": {"argv": FAKE, "model": "fake", "ready_timeout_s": 30},
         "arms": arms,
         "prior": {"value_tok_s": 3000.0, "id": "prior-1", "goal_tok_s": 3100.0,

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from probes_support import FAST_PLAN_SECTIONS
 from tokrecord.experiment.plan import parse_plan
 from tokrecord.experiment.runner import build_record, finish, run_experiment
 from tokrecord.record.lint import lint_record
@@ -25,7 +26,7 @@ FAKE = [sys.executable, "-m", "tokrecord.server.fake", "--host", "{host}", "--po
 def sealed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     plan = parse_plan({
         "name": "verify-me", "design": "abba", "suite_rows": 2, "teacher": "capture",
-        "idle_gap_s": 0,
+        "idle_gap_s": 0, **FAST_PLAN_SECTIONS,
         "server": {"argv": FAKE, "model": "fake", "ready_timeout_s": 30},
         "arms": {"control": {"env": {"TOKRECORD_FAKE_TOK_S": "3000"}},
                  "candidate": {"env": {"TOKRECORD_FAKE_TOK_S": "3300"}}},
@@ -143,3 +144,13 @@ def test_addendum_is_sealed_beside_the_untouched_parent(sealed: Path, tmp_path: 
     from tokrecord.evidence.seal import verify_seal
 
     assert verify_seal(note_dir) == []
+    assert verify_dir(note_dir) == []  # `tokrecord verify` takes an addendum too
+    # Bound to the parent's manifest: an addendum moved beside another record fails.
+    other = tmp_path / "other"
+    shutil.copytree(sealed, other)
+    for path in other.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    (other / "manifest.sha256").write_text((other / "manifest.sha256").read_text() + "\n")
+    moved = tmp_path / "other.addenda" / "001-re-accounting"
+    shutil.copytree(note_dir, moved)
+    assert [p.field for p in verify_dir(moved)] == ["parent_manifest_sha256"]

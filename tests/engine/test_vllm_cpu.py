@@ -113,6 +113,28 @@ def test_record_has_pairs_quality_verdict_and_gate(
         assert config["leg"]["plan_sha256"] == record["plan_sha256"]
 
 
+def test_every_leg_carries_idle_gates_and_host_telemetry(
+    abba: tuple[dict[str, LegResult], dict[str, Any], Path]
+) -> None:
+    _, record, _ = abba
+    assert record["quality"]["idle_before_and_after_all_legs"] is True
+    assert record["quality"]["same_hardware_all_legs"] is True
+    assert record["hardware"]["hw_class"] in ("CPU_ONLY", "DISCRETE_GPU")
+    consecutive = embedded.DEMO_IDLE.consecutive
+    for leg in ("A1", "B1", "B2", "A2"):
+        op = record["operational"]["legs"][leg]
+        assert op["prestart_idle_snapshots"] >= consecutive, op
+        assert op["poststop_idle_snapshots"] >= consecutive, op
+        assert op["prestart_idle_seconds"] >= consecutive * embedded.DEMO_IDLE.interval_s * 0.9
+        tel = record["runs"][leg]["telemetry"]
+        # 13 rows x 512 tokens take tens of seconds: dozens of half-second samples
+        assert tel["samples_in_window"] >= 10, tel
+        assert tel["host_cpu_util_pct_mean"] > 0
+        assert tel["output_tokens"] == 13 * 512
+        gates = record["runs"][leg]["gates"]
+        assert gates["idle_before"]["status"] == gates["idle_after"]["status"] == "pass"
+
+
 def test_sealed_demo_experiment_verifies_and_lints(
     abba: tuple[dict[str, LegResult], dict[str, Any], Path]
 ) -> None:
@@ -136,7 +158,7 @@ def test_prefix_caching_fails_cached_tokens_gate_and_audit(
                           env=embedded.ENGINE_ENV, model=str(demo_model),
                           served_model=embedded.SERVED_MODEL, ready_timeout_s=600),
         suite=audit_suite(load_suite(), None),
-        gates=GateConfig(),
+        gates=GateConfig(), idle=embedded.DEMO_IDLE,
     )
     result = run_leg(config, tmp_path / "audit")
     assert result.status == "complete", result.error

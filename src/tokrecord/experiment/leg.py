@@ -32,6 +32,7 @@ from tokrecord.gates import (
     exactness,
     first_valid_score,
     full_output_then_next,
+    idle_gate,
     leg_valid,
     long_context_then_next,
     request_log_gates,
@@ -50,6 +51,17 @@ from tokrecord.metrics import (
     parse_counters,
     row_metrics,
     summarize,
+)
+from tokrecord.probes import ProbeSet, Snapshot, detect
+from tokrecord.probes.hardware import cpu_model, os_name
+from tokrecord.probes.hardware import describe as describe_hardware
+from tokrecord.probes.idle import IdleCriteria, IdleResult, IdleTimeout, wait_idle
+from tokrecord.probes.telemetry import (
+    TelemetryConfig,
+    TelemetrySampler,
+    TelemetrySummary,
+    read_samples,
+    summarize_telemetry,
 )
 from tokrecord.server.process import CleanupReport, ServerProcess, free_port, render_argv
 from tokrecord.suite import Suite, SuiteRow
@@ -94,6 +106,8 @@ class LegConfig(BaseModel):
     gates: GateConfig = Field(default_factory=GateConfig)
     plan_sha256: str | None = None  # the preregistered plan this leg belongs to
     attempt: int = Field(default=1, ge=1)  # >1 only after an interrupted attempt
+    idle: IdleCriteria = Field(default_factory=IdleCriteria)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
 
 
 class RowRecord(BaseModel):
@@ -130,6 +144,9 @@ class LegResult(BaseModel):
     teacher_sha256: str | None = None
     plan_sha256: str | None = None
     attempt: int = 1
+    idle_before: IdleResult | None = None
+    idle_after: IdleResult | None = None
+    telemetry: TelemetrySummary | None = None
     gates: tuple[GateResult, ...] = ()
     valid: bool = False
     invalid_reasons: tuple[str, ...] = ()
@@ -148,6 +165,9 @@ class LegObserver(Protocol):
     def row_tokens(self, index: int, received: int, t_ns: int) -> None: ...
     def row_finished(self, index: int, record: RowRecord) -> None: ...
     def server_stopped(self, cleanup: CleanupReport) -> None: ...
+    def idle_snapshot(self, phase: str, snap: Snapshot, reasons: list[str], run: int,
+                      elapsed_s: float, criteria: IdleCriteria) -> None: ...
+    def idle_finished(self, result: IdleResult) -> None: ...
 
 
 class NullObserver:
@@ -158,6 +178,9 @@ class NullObserver:
     def row_tokens(self, index: int, received: int, t_ns: int) -> None: ...
     def row_finished(self, index: int, record: RowRecord) -> None: ...
     def server_stopped(self, cleanup: CleanupReport) -> None: ...
+    def idle_snapshot(self, phase: str, snap: Snapshot, reasons: list[str], run: int,
+                      elapsed_s: float, criteria: IdleCriteria) -> None: ...
+    def idle_finished(self, result: IdleResult) -> None: ...
 
 
 def _scrape(http: httpx.Client, path: str | None) -> str | None:
@@ -206,6 +229,37 @@ def compute_leg(
     return summary, engine
 
 
+def leg_telemetry(records: list[RowRecord], config: LegConfig, summary: LegSummary,
+                  samples: list[dict[str, Any]]) -> TelemetrySummary | None:
+    """Power and energy over the suite window: first request sent to last byte."""
+    if not config.telemetry.enabled:
+        return None
+    window = None
+    if records:
+        window = (min(r.trace.t_send_ns for r in records), max(r.trace.t_end_ns for r in records))
+    return summarize_telemetry(
+        samples, interval_s=config.telemetry.interval_s, window_ns=window,
+        output_tokens=sum(r.trace.n_tokens for r in records), headline_tok_s=summary.tok_s_out)
+
+
+def _idle_gate(run: RunDir, probes: ProbeSet, criteria: IdleCriteria, phase: str,
+               obs: LegObserver) -> IdleResult:
+    """One idle gate, every snapshot kept in idle-<phase>.jsonl as it is taken."""
+    log = run.jsonl(f"idle-{phase}.jsonl")
+
+    def keep(snap: Snapshot, reasons: list[str], run_len: int, elapsed: float) -> None:
+        log.write({**snap.model_dump(mode="json", by_alias=True), "busy": reasons,
+                   "consecutive_idle": run_len, "elapsed_s": round(elapsed, 3)})
+        obs.idle_snapshot(phase, snap, reasons, run_len, elapsed, criteria)
+
+    try:
+        result = wait_idle(probes.snapshot, criteria, phase, on_snapshot=keep)
+    finally:
+        log.close()
+    obs.idle_finished(result)
+    return result
+
+
 def run_leg(
     config: LegConfig,
     out: Path,
@@ -213,9 +267,12 @@ def run_leg(
     *,
     teacher: Teacher | None = None,
     http_factory: Callable[[str, float], httpx.Client] | None = None,
+    probes: ProbeSet | None = None,
 ) -> LegResult:
     obs: LegObserver = observer or NullObserver()
     run = RunDir.create(out)
+    # Detected once per leg: a note (no NVML, no RAPL) is evidence too.
+    probe_set = probes if probes is not None else detect()
     spec = config.server
     port = spec.port or free_port(spec.host)
     argv = render_argv(spec.argv, {"port": str(port), "host": spec.host, "model": spec.model})
@@ -236,11 +293,25 @@ def run_leg(
     ready_s: float | None = None
     status, error = "failed", None
     started = False
+    idle: dict[str, IdleResult | None] = {"before": None, "after": None}
+    sampler: TelemetrySampler | None = None
+    sampler_problem: str | None = None
     t0 = time.monotonic()
     make_http = http_factory or (
         lambda base, timeout: httpx.Client(base_url=base, timeout=httpx.Timeout(timeout, connect=10.0))
     )
     try:
+        run.write_json("probes.json", {"backends": probe_set.backends, "notes": probe_set.notes})
+        run.write_json("hardware.json", describe_hardware(
+            probe_set.snapshot(), cpu=cpu_model(), os=os_name()))
+        idle["before"] = before_gate = _idle_gate(run, probe_set, config.idle, "before", obs)
+        if not before_gate.passed:
+            raise IdleTimeout(
+                f"the machine did not become idle within {config.idle.timeout_s:g} s "
+                f"({before_gate.snapshots} snapshots): {before_gate.reason}; the leg did not start")
+        if config.telemetry.enabled:
+            sampler = TelemetrySampler(run.file("telemetry.jsonl"), config.telemetry.interval_s,
+                                       epoch_ns)
         obs.server_starting(argv, run.file("server.log"))
         server.start()
         started = True
@@ -288,14 +359,24 @@ def run_leg(
             obs.server_stopped(cleanup)
             run.write_json("cleanup.json", {**cleanup.model_dump(mode="json"),
                                             "passed": cleanup.passed})
+        if sampler is not None:
+            sampler_problem = sampler.stop()
+        if started and status != "interrupted":
+            # After an interrupt the user wants out, not a minute of sampling.
+            with contextlib.suppress(TokrecordError):
+                idle["after"] = _idle_gate(run, probe_set, config.idle, "after", obs)
+        probe_set.close()
+        if idle["before"] is not None:
+            run.write_json("idle.json", {
+                phase: r.model_dump(mode="json") if r else None for phase, r in idle.items()})
         events.close()
         if status != "complete":
             # The original error is what the user needs; a second one here must not hide it.
             with contextlib.suppress(Exception):
                 _write_results(run, config, records, before, after, status, error, ready_s,
-                               time.monotonic() - t0, cleanup, teacher)
+                               time.monotonic() - t0, cleanup, teacher, idle, sampler_problem)
     return _write_results(run, config, records, before, after, status, error, ready_s,
-                          time.monotonic() - t0, cleanup, teacher)
+                          time.monotonic() - t0, cleanup, teacher, idle, sampler_problem)
 
 
 def _write_results(
@@ -310,8 +391,16 @@ def _write_results(
     wall_s: float,
     cleanup: CleanupReport | None,
     teacher: Teacher | None,
+    idle: Mapping[str, IdleResult | None],
+    sampler_problem: str | None,
 ) -> LegResult:
     summary, engine = compute_leg(records, config, before, after)
+    samples, _ = read_samples(run.file("telemetry.jsonl"))
+    telemetry = leg_telemetry(records, config, summary, samples)
+    if telemetry is not None:
+        if sampler_problem:
+            telemetry = telemetry.model_copy(update={"notes": (*telemetry.notes, sampler_problem)})
+        run.write_json("telemetry.json", telemetry.model_dump(mode="json", by_alias=True))
     if teacher is not None:
         run.write_json("teacher.json", teacher.to_json())
     gates = evaluate_gates(
@@ -320,6 +409,7 @@ def _write_results(
         metrics_before=before,
         server_log=run.file("server.log").read_text(errors="replace")
         if run.file("server.log").exists() else "",
+        idle=idle,
     )
     valid, invalid = leg_valid(gates)
     if status != "complete":
@@ -336,6 +426,7 @@ def _write_results(
         rows_cached_reported=sum(1 for r in records if r.trace.cached_tokens is not None),
         teacher_sha256=teacher.sha256 if teacher is not None else None,
         plan_sha256=config.plan_sha256, attempt=config.attempt,
+        idle_before=idle.get("before"), idle_after=idle.get("after"), telemetry=telemetry,
         gates=tuple(gates), valid=valid, invalid_reasons=tuple(invalid),
         run_dir=str(run.path),
     )
@@ -374,8 +465,10 @@ def evaluate_gates(
     requests: list[dict[str, Any]],
     metrics_before: Mapping[str, float] | None,
     server_log: str,
+    idle: Mapping[str, IdleResult | None] | None,
 ) -> list[GateResult]:
-    """Every quality gate of one leg, from what the leg recorded."""
+    """Every quality gate of one leg, from what the leg recorded. `idle` None: the
+    evidence predates idle gates (verifying an older record), so there are none."""
     rows = outcomes(records, config)
     exact = exactness(rows, teacher)
     return [
@@ -392,6 +485,8 @@ def evaluate_gates(
                      cleanup.surviving_workers if cleanup else None,
                      cleanup.port_listening_after if cleanup else None),
         treatment_attestation(config.gates.log_rules, server_log),
+        *([] if idle is None else [idle_gate("idle_before", idle.get("before")),
+                                   idle_gate("idle_after", idle.get("after"))]),
     ]
 
 

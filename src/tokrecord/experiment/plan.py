@@ -22,6 +22,8 @@ from tokrecord.evidence import canonical_json
 from tokrecord.gates import GateConfig, LogRule
 from tokrecord.identity import IdentitySpec
 from tokrecord.metrics import Convention
+from tokrecord.probes.idle import IdleCriteria
+from tokrecord.probes.telemetry import TelemetryConfig
 
 SCHEMA_PLAN: Final = "tokrecord.plan/v1"
 ArmName = Literal["control", "candidate"]
@@ -100,6 +102,8 @@ class Plan(_Strict):
     headline: Convention = Convention.CONVENTIONAL
     metric: str = "median_tok_s_1_100_after_ttft"
     idle_gap_s: float = Field(default=60.0, ge=0)
+    idle: IdleCriteria = Field(default_factory=IdleCriteria)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     request_extra: dict[str, Any] = Field(default_factory=dict)
     gates: GateConfig = Field(default_factory=GateConfig)
     identity: IdentitySpec = Field(default_factory=IdentitySpec)
@@ -126,11 +130,21 @@ class Plan(_Strict):
         return ABBA_ORDER if self.design is Design.ABBA else (("B1", "candidate"),)
 
     def canonical(self) -> bytes:
-        return canonical_json(self.model_dump(mode="json", by_alias=True))
+        # Sections added after plans were first sealed are left out while they hold
+        # their defaults, so a plan sealed before they existed keeps its hash (and its
+        # record keeps verifying). The criteria a leg actually used are in its
+        # config.json and idle.json either way.
+        later = {name for name in _ADDED_LATER if getattr(self, name) == _LATER_DEFAULTS[name]}
+        return canonical_json(self.model_dump(mode="json", by_alias=True, exclude=later))
 
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.canonical()).hexdigest()
+
+
+_LATER_DEFAULTS: Final[dict[str, BaseModel]] = {"idle": IdleCriteria(),
+                                                 "telemetry": TelemetryConfig()}
+_ADDED_LATER: Final = tuple(_LATER_DEFAULTS)
 
 
 def _friendly(source: str, exc: ValidationError) -> str:

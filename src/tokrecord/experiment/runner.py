@@ -78,7 +78,7 @@ def leg_config(plan: Plan, suite: Suite, name: str, arm_name: ArmName, attempt: 
         suite=suite, endpoint=plan.endpoint, headline=plan.headline,
         request_extra=plan.request_extra,
         gates=plan.gates.model_copy(update={"log_rules": arm.log_rules}),
-        plan_sha256=plan.sha256, attempt=attempt,
+        plan_sha256=plan.sha256, attempt=attempt, idle=plan.idle, telemetry=plan.telemetry,
     )
 
 

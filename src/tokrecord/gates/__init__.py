@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tokrecord.gates.teacher import Teacher, TeacherRow
+from tokrecord.probes.idle import IdleResult
 
 CONTEXT_TOKENS = 4  # tokens shown on each side of a divergence
 
@@ -454,6 +455,28 @@ def cleanup_gate(passed: bool | None, surviving: int | None, port_open: bool | N
         name="cleanup", status=GateStatus.PASS if passed else GateStatus.FAIL,
         reason=f"{surviving} surviving processes, port {'open' if port_open else 'closed'}",
         evidence={"surviving_workers": surviving, "port_listening_after": port_open})
+
+
+def idle_gate(name: str, result: IdleResult | None) -> GateResult:
+    """The machine was idle (declared criteria, N consecutive snapshots) before the
+    server started, or after it stopped."""
+    if result is None:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED,
+                          reason="the leg ended before this idle gate ran")
+    if result.skipped:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
+                          reason="idle gate switched off in the declared criteria")
+    c = result.criteria
+    evidence = {"seconds": result.seconds, "snapshots": result.snapshots,
+                "consecutive_required": c.consecutive, "interval_s": c.interval_s,
+                "file": f"idle-{result.phase}.jsonl"}
+    if result.passed:
+        return GateResult(name=name, status=GateStatus.PASS, count=f"{c.consecutive}/{c.consecutive}",
+                          reason=f"{c.consecutive} consecutive idle snapshots after "
+                          f"{result.seconds:.1f} s", evidence=evidence)
+    return GateResult(name=name, status=GateStatus.FAIL,
+                      reason=f"not idle within {c.timeout_s:g} s: {result.reason}",
+                      evidence=evidence)
 
 
 def treatment_attestation(rules: Sequence[LogRule], server_log: str) -> GateResult:

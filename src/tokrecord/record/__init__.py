@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,7 +32,8 @@ from tokrecord.metrics import EngineCounters
 SCHEMA_ABBA = "tokrecord.experiment-record/v1"
 SCHEMA_SINGLE = "tokrecord.single-leg-record/v1"
 EVIDENCE_FILES = ("summary.json", "rows.json", "events.jsonl", "gates.json", "config.json",
-                  "server.log", "cleanup.json", "metrics-before.prom", "metrics-after.prom")
+                  "server.log", "cleanup.json", "metrics-before.prom", "metrics-after.prom",
+                  "idle.json", "telemetry.jsonl", "hardware.json")
 FORMULAS = {
     "conventional": "99 / (timestamp[100] - timestamp[1])",
     "legacy-inclusive-events": "100 / (timestamp[100] - timestamp[1])",
@@ -102,6 +104,8 @@ def _leg_block(result: LegResult, attempts: int) -> dict[str, Any]:
         "valid": result.valid,
         "gates": {g.name: {"status": g.status.value, "count": g.count} for g in result.gates},
         "warnings": list(s.warnings),
+        "telemetry": result.telemetry.model_dump(mode="json", by_alias=True)
+        if result.telemetry else None,
         "evidence_sha256": evidence_hashes(Path(result.run_dir)),
         "run_dir": result.run_dir,
     }
@@ -177,6 +181,10 @@ def abba_record(
             "rollover_exact": _summed(legs, "rollover"),
             "token_count_integrity": _summed(legs, "token_count_integrity"),
             "cleanup_passed_all_legs": all(_ok(r, "cleanup") for r in legs),
+            "idle_before_and_after_all_legs": all(_ok(r, "idle_before") and _ok(r, "idle_after")
+                                                  for r in legs),
+            "same_hardware_all_legs": len({json.dumps(hardware(r), sort_keys=True)
+                                           for r in legs}) == 1,
             "all_legs_valid": all_valid,
             "retries": sum(max(0, n - 1) for n in tries.values()),
             "full_abba_causal_pass": quality_ok and gate.pairs_passed,
@@ -192,15 +200,24 @@ def abba_record(
         "operational": operational(results, idle_gaps),
         "reproducibility": reproducibility(exp_dir),
         "source": identity_summary(exp_dir),
+        "hardware": hardware(results["A1"]),
         "artifacts": {"root": str(exp_dir)},
         "submission": {},
     }
 
 
+def hardware(result: LegResult) -> dict[str, Any] | None:
+    """What the probes saw at the start of the leg (hardware.json), or None for
+    evidence made before probes existed."""
+    path = Path(result.run_dir) / "hardware.json"
+    if not path.exists():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
 def identity_summary(exp_dir: Path) -> dict[str, Any]:
     """The identity facts a reader looks for first, and the hash of the full file."""
-    import json
-
     path = exp_dir / "identity.json"
     if not path.exists():
         return {}
@@ -246,6 +263,13 @@ def operational(results: Mapping[str, LegResult], idle_gaps: Mapping[str, float]
         c = r.cleanup
         legs[name] = {
             "idle_gap_before_seconds": idle_gaps.get(name),
+            # The seeds' names: how long each idle gate took, and how many snapshots.
+            "prestart_idle_seconds": r.idle_before.seconds if r.idle_before else None,
+            "poststop_idle_seconds": r.idle_after.seconds if r.idle_after else None,
+            "prestart_idle_snapshots": r.idle_before.snapshots if r.idle_before else None,
+            "poststop_idle_snapshots": r.idle_after.snapshots if r.idle_after else None,
+            "idle_passed": bool(r.idle_before and r.idle_before.passed
+                                and r.idle_after and r.idle_after.passed),
             "server_ready_seconds": r.ready_seconds,
             "cleanup_passed": r.cleanup_passed,
             "surviving_workers": c.surviving_workers if c else None,
@@ -375,6 +399,9 @@ def single_leg_record(
         "reproducibility": reproducibility(exp_dir),
         "sha256": evidence_hashes(Path(result.run_dir)),
         "source": identity_summary(exp_dir),
+        "hardware": hardware(result),
+        "telemetry": result.telemetry.model_dump(mode="json", by_alias=True)
+        if result.telemetry else None,
         "artifacts": {"root": str(exp_dir), "run_dir": result.run_dir},
         "submission": {},
     }

@@ -40,6 +40,7 @@ from tokrecord.experiment.plan import Arm, ArmName
 from tokrecord.experiment.stats import BootstrapResult, PairResult, RecordGate, Verdict
 from tokrecord.gates import GateResult, GateStatus
 from tokrecord.metrics import Convention
+from tokrecord.probes.telemetry import TelemetrySummary
 from tokrecord.record import SCHEMA_ABBA, SCHEMA_SINGLE
 
 SCHEMA_ID: Final = "tokrecord.record/v1"
@@ -57,7 +58,8 @@ GateCount = Annotated[str, StringConstraints(pattern=r"^\d+(/\d+)?$")]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 LegName = Literal["A1", "B1", "B2", "A2"]
 EvidenceName = Literal["summary.json", "rows.json", "events.jsonl", "gates.json", "config.json",
-                       "server.log", "cleanup.json", "metrics-before.prom", "metrics-after.prom"]
+                       "server.log", "cleanup.json", "metrics-before.prom", "metrics-after.prom",
+                       "idle.json", "telemetry.jsonl", "hardware.json"]
 EvidenceHashes = dict[EvidenceName, Sha256]
 
 
@@ -190,6 +192,27 @@ class AbbaProtocol(_Section):
     fifth_run_permitted: Literal[False]
 
 
+class Accelerator(_Section):
+    backend: str
+    index: NonNegativeInt
+    name: str
+    mem_total_bytes: NonNegativeInt | None
+
+
+class Hardware(_Section):
+    """What the probes saw at the start of a leg (the leg's hardware.json)."""
+
+    hw_class: Literal["DISCRETE_GPU", "UNIFIED", "CPU_ONLY"]
+    gpu_name: str | None
+    gpu_count: NonNegativeInt
+    vram_gb: float | None
+    cpu: str
+    cpu_count: NonNegativeInt
+    ram_gb: float
+    os: str
+    accelerators: list[Accelerator]
+
+
 class GateSummary(_Section):
     status: GateStatus
     count: GateCount | None
@@ -215,6 +238,7 @@ class LegBlock(SpeculativeCounters):
     valid: bool
     gates: dict[str, GateSummary]
     warnings: list[str]
+    telemetry: TelemetrySummary | None
     evidence_sha256: EvidenceHashes
     run_dir: str
 
@@ -241,6 +265,8 @@ class AbbaQuality(_Section):
     rollover_exact: Count
     token_count_integrity: Count
     cleanup_passed_all_legs: bool
+    idle_before_and_after_all_legs: bool
+    same_hardware_all_legs: bool
     all_legs_valid: bool
     retries: NonNegativeInt
     full_abba_causal_pass: bool
@@ -280,6 +306,11 @@ class LogFact(_Section):
 
 class LegOperational(_Section):
     idle_gap_before_seconds: float | None
+    prestart_idle_seconds: float | None
+    poststop_idle_seconds: float | None
+    prestart_idle_snapshots: NonNegativeInt | None
+    poststop_idle_snapshots: NonNegativeInt | None
+    idle_passed: bool
     server_ready_seconds: float | None
     cleanup_passed: bool | None
     surviving_workers: NonNegativeInt | None
@@ -324,6 +355,7 @@ class ExperimentRecord(_Record):
     operational: Operational
     reproducibility: Reproducibility
     source: Source
+    hardware: Hardware | None
     artifacts: AbbaArtifacts
     submission: Empty
 
@@ -390,6 +422,8 @@ class SingleLegRecord(_Record):
     reproducibility: Reproducibility
     sha256: EvidenceHashes
     source: Source
+    hardware: Hardware | None
+    telemetry: TelemetrySummary | None
     artifacts: SingleArtifacts
     submission: Empty
 

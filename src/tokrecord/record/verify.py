@@ -20,22 +20,39 @@ from typing import Any
 from tokrecord.client.stream import replay_row
 from tokrecord.errors import TokrecordError
 from tokrecord.evidence import read_jsonl
-from tokrecord.evidence.seal import MANIFEST_NAME, Problem, verify_seal
+from tokrecord.evidence.seal import (
+    ADDENDA_SUFFIX,
+    ADDENDUM_FILE_NAME,
+    MANIFEST_NAME,
+    Problem,
+    verify_seal,
+)
 from tokrecord.experiment.leg import (
     LegConfig,
     LegResult,
     RowRecord,
     compute_leg,
     evaluate_gates,
+    leg_telemetry,
 )
 from tokrecord.gates.teacher import load_teacher
+from tokrecord.identity import sha256_file
 from tokrecord.metrics import parse_counters, row_metrics
+from tokrecord.probes.idle import IdleResult
+from tokrecord.probes.telemetry import read_samples
 from tokrecord.server.process import CleanupReport
 from tokrecord.suite import Suite, parse_suite
 
 # Fields that say where or when, not what was measured: a copied directory keeps its
 # meaning, so these are not compared.
 _VOLATILE = frozenset({"run_dir", "root", "date", "seal", "portable_sealed_evidence", "verify"})
+# Added with the probes (idle gates, telemetry, hardware). Evidence sealed by an
+# earlier tokrecord has none of them and must still verify: when the recorded
+# file lacks one, it is not a difference.
+_ADDED_LATER = frozenset({
+    "telemetry", "hardware", "idle_before", "idle_after", "idle_before_and_after_all_legs",
+    "same_hardware_all_legs", "prestart_idle_seconds", "poststop_idle_seconds",
+    "prestart_idle_snapshots", "poststop_idle_snapshots", "idle_passed"})
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -54,7 +71,8 @@ def diff(found: Any, expected: Any, field: str = "") -> list[tuple[str, str]]:
                 continue
             sub = f"{field}.{key}" if field else str(key)
             if key not in found:
-                out.append((sub, "missing from the file"))
+                if key not in _ADDED_LATER:
+                    out.append((sub, "missing from the file"))
             elif key not in expected:
                 out.append((sub, "not produced by recomputation"))
             else:
@@ -149,10 +167,33 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
                if cleanup_raw else None)
     teacher = load_teacher(run_dir / "teacher.json") if (run_dir / "teacher.json").exists() else None
     log = run_dir / "server.log"
+    # A leg whose config predates idle gates and telemetry (see _ADDED_LATER).
+    legacy = "idle" not in (_load_json(run_dir / "config.json", base, []) or {}).get("leg", {})
+    idle_raw = _load_json(run_dir / "idle.json", base, problems) \
+        if (run_dir / "idle.json").exists() else {}
+    idle: dict[str, IdleResult | None] = {
+        phase: IdleResult.model_validate(v) if v else None for phase, v in (idle_raw or {}).items()}
+    for phase in ("before", "after"):
+        recorded = summary_raw.get(f"idle_{phase}")
+        got = idle.get(phase)
+        found = got.model_dump(mode="json") if got is not None else None
+        for field, message in diff(recorded, found, f"idle_{phase}"):
+            problems.append(Problem(file=summary_file, field=field, message=message))
+    samples, _ = read_samples(run_dir / "telemetry.jsonl")
+    telemetry = None if legacy else leg_telemetry(records, config, summary, samples)
+    recorded_tel = summary_raw.get("telemetry")
+    if telemetry is not None and recorded_tel is not None:
+        # A sampler problem is appended to the notes when it happens; it is not in the samples.
+        telemetry = telemetry.model_copy(update={"notes": tuple(recorded_tel.get("notes", ()))})
+    for field, message in diff(recorded_tel,
+                               telemetry.model_dump(mode="json", by_alias=True)
+                               if telemetry else None, "telemetry"):
+        problems.append(Problem(file=summary_file, field=field, message=message))
     gates = evaluate_gates(
         records, config, engine, cleanup, teacher,
         requests=[e for e in events if e.get("kind") == "request"], metrics_before=before,
         server_log=log.read_text(errors="replace") if log.exists() else "",
+        idle=None if legacy else idle,
     )
     if gates_raw is not None:
         for field, message in diff(gates_raw.get("gates"),
@@ -171,7 +212,7 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
     # The record is recomputed from these figures, not from the files' own claims.
     return problems, result.model_copy(update={
         "run_dir": str(run_dir), "summary": summary, "engine": engine, "gates": tuple(gates),
-        "valid": expected_valid})
+        "telemetry": telemetry, "valid": expected_valid})
 
 
 def _leg_dirs(exp_dir: Path) -> dict[str, Path]:
@@ -205,13 +246,36 @@ def verify_dir(directory: Path, expected_fingerprint: str | None = None) -> list
     else:
         problems.append(Problem(file=MANIFEST_NAME, field="(file)",
                                 message="not sealed: no manifest.sha256"))
-    if (directory / "plan.json").exists():
+    if (directory / ADDENDUM_FILE_NAME).exists():
+        problems.extend(_verify_addendum(directory))
+    elif (directory / "plan.json").exists():
         problems.extend(_verify_experiment(directory))
     elif (directory / "summary.json").exists():
         problems.extend(verify_leg(directory, directory)[0])
     else:
         problems.append(Problem(file=".", field="(dir)",
-                                message="neither a leg (summary.json) nor an experiment (plan.json)"))
+                                message="neither a leg (summary.json), an experiment (plan.json) "
+                                "nor an addendum (addendum.json)"))
+    return problems
+
+
+def _verify_addendum(directory: Path) -> list[Problem]:
+    """An addendum is bound to its parent by the parent's manifest hash: the parent
+    must still be there, unchanged (its own `verify` checks the rest)."""
+    problems: list[Problem] = []
+    doc = _load_json(directory / ADDENDUM_FILE_NAME, directory, problems)
+    if doc is None:
+        return problems
+    if directory.parent.name.endswith(ADDENDA_SUFFIX):
+        parent = directory.parent.with_name(directory.parent.name[: -len(ADDENDA_SUFFIX)])
+        manifest = parent / MANIFEST_NAME
+        if not manifest.exists():
+            problems.append(Problem(file=str(manifest), field="(file)",
+                                    message="the record this addendum belongs to is not beside it"))
+        elif sha256_file(manifest) != doc.get("parent_manifest_sha256"):
+            problems.append(Problem(file=ADDENDUM_FILE_NAME, field="parent_manifest_sha256",
+                                    message=f"does not match {manifest} (the record changed, or "
+                                    "this addendum belongs to another)"))
     return problems
 
 

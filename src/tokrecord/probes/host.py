@@ -1,0 +1,134 @@
+"""The host probe: CPU, memory, other busy processes, and RAPL energy when readable.
+
+It always works (psutil). CPU figures are rates over the interval since the
+previous read, so the first read after construction primes the counters.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from . import HostProcess, HostSample
+
+RAPL_ROOT = Path("/sys/class/powercap")
+# A process using at least this share of one core is "busy" and is named.
+BUSY_PROCESS_PCT = 10.0
+
+
+@dataclass(frozen=True)
+class RaplDomain:
+    name: str
+    energy_path: Path
+    max_range_uj: int
+
+
+def rapl_domains(root: Path = RAPL_ROOT) -> list[RaplDomain]:
+    """The package-level RAPL domains (intel-rapl:N, name package-N); [] when absent
+    or unreadable (non-root on recent kernels: energy_uj is 0400)."""
+    found: list[RaplDomain] = []
+    if not root.is_dir():
+        return found
+    for zone in sorted(root.glob("intel-rapl:*")):
+        if zone.name.count(":") != 1:  # sub-zones (core, uncore, dram) are inside packages
+            continue
+        try:
+            name = (zone / "name").read_text().strip()
+            max_uj = int((zone / "max_energy_range_uj").read_text())
+            int((zone / "energy_uj").read_text())
+        except (OSError, ValueError):
+            continue
+        if name.startswith("package"):
+            found.append(RaplDomain(name, zone / "energy_uj", max_uj))
+    return found
+
+
+def energy_delta_uj(previous: int, current: int, max_range_uj: int) -> int:
+    """Counter difference across at most one wrap."""
+    return current - previous if current >= previous else current + max_range_uj - previous
+
+
+class HostProbe:
+    name = "host"
+
+    def __init__(self, *, exclude_pids: Sequence[int] = (), rapl_root: Path = RAPL_ROOT,
+                 busy_pct: float = BUSY_PROCESS_PCT, scan_processes: bool = True) -> None:
+        self._scan = scan_processes
+        self._own = {os.getpid(), *exclude_pids}
+        self._busy_pct = busy_pct
+        self._procs: dict[int, psutil.Process] = {}
+        self._rapl = rapl_domains(rapl_root)
+        self._energy_uj = 0  # accumulated across wraps since construction
+        self._last_raw: list[int] = [self._read_uj(d) for d in self._rapl]
+        self._last_t = time.monotonic()
+        self._last_energy_uj = 0
+        psutil.cpu_percent(interval=None)  # prime: the next call reports since now
+        if scan_processes:
+            self._busy_processes()
+
+    @staticmethod
+    def _read_uj(domain: RaplDomain) -> int:
+        return int(domain.energy_path.read_text())
+
+    def _busy_processes(self) -> tuple[HostProcess, ...]:
+        # The tool's own processes (this one, the sampler, their children) are not
+        # "other" load; the server under test is excluded by the caller's pids.
+        own = set(self._own)
+        me = psutil.Process()
+        own.update(c.pid for c in me.children(recursive=True))
+        with_parent = me.parent()
+        if with_parent is not None:
+            own.add(with_parent.pid)
+        busy = []
+        alive = set()
+        for proc in psutil.process_iter(["pid", "name"]):
+            pid = proc.info["pid"]
+            alive.add(pid)
+            cached = self._procs.setdefault(pid, proc)
+            try:
+                pct = cached.cpu_percent(interval=None)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            if pid not in own and pct >= self._busy_pct:
+                busy.append(HostProcess(pid=pid, name=proc.info["name"] or "?",
+                                        cpu_pct=round(pct, 1)))
+        for gone in set(self._procs) - alive:
+            del self._procs[gone]
+        return tuple(sorted(busy, key=lambda p: -p.cpu_pct))
+
+    def _rapl_read(self) -> tuple[float | None, float | None]:
+        if not self._rapl:
+            return None, None
+        try:
+            raw = [self._read_uj(d) for d in self._rapl]
+        except (OSError, ValueError):
+            return None, None
+        now = time.monotonic()
+        self._energy_uj += sum(energy_delta_uj(p, c, d.max_range_uj)
+                               for p, c, d in zip(self._last_raw, raw, self._rapl, strict=True))
+        dt = now - self._last_t
+        power = (self._energy_uj - self._last_energy_uj) / 1e6 / dt if dt > 0 else None
+        self._last_raw, self._last_t, self._last_energy_uj = raw, now, self._energy_uj
+        return power, self._energy_uj / 1e6
+
+    def read(self) -> HostSample:
+        vm = psutil.virtual_memory()
+        power, energy = self._rapl_read()
+        return HostSample(
+            cpu_util_pct=psutil.cpu_percent(interval=None),
+            cpu_count=psutil.cpu_count() or 1,
+            load1=os.getloadavg()[0],
+            mem_used_bytes=vm.total - vm.available,
+            mem_total_bytes=vm.total,
+            power_w=power,
+            energy_j=energy,
+            busy_processes=self._busy_processes() if self._scan else (),
+        )
+
+    def close(self) -> None:
+        self._procs.clear()
