@@ -1,0 +1,1 @@
+"""Benchmarks that print figures (not tests): run from the repository root."""

@@ -1,0 +1,5 @@
+import sys
+
+from bench.fidelity.run import main
+
+sys.exit(main())
