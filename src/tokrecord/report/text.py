@@ -1,0 +1,238 @@
+"""The terminal summary (rich) and the markdown summary, from a ReportData.
+
+Both are deterministic for a given ReportData (the golden tests compare them
+byte for byte): no clock, no absolute path, no colour in the plain-text form.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+from rich.console import Console, Group, RenderableType
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from . import fmt
+from .model import Kind, LegView, ReportData
+
+_STYLE = {"pass": "green", "fail": "bold red", "not tested": "yellow"}
+_VERDICT_STYLE = {"FASTER": "bold green", "SLOWER": "bold red", "UNDECIDED": "bold yellow",
+                  "NO DIFFERENCE": "bold", "VALID": "bold green", "NOT VALID": "bold red",
+                  "RECORD": "bold green"}
+PROBLEM_CHARS = 160
+_KIND = {Kind.ABBA: "ABBA experiment", Kind.SINGLE: "single-leg experiment", Kind.LEG: "one leg"}
+
+
+# --------------------------------------------------------------------------- shared sentences
+
+
+def headline_text(d: ReportData) -> str:
+    h = d.headline
+    bound = f", quantisation ±{h.quantisation_bound_pct:.2f} %" if h.quantisation_bound_pct else ""
+    leg = f"leg {h.leg} ({h.arm}), " if h.leg else ""
+    return f"{fmt.num(h.value)} tok/s  {leg}{h.convention} {h.formula}{bound}"
+
+
+def verdict_text(d: ReportData) -> str:
+    b = d.bootstrap
+    if b is None:
+        return d.verdict
+    return (f"{d.verdict}  candidate/control {b.ratio:.4f} ({fmt.pct(100 * (b.ratio - 1))}), "
+            f"{100 * b.confidence:.0f} % CI [{b.ci_low:.4f}, {b.ci_high:.4f}]")
+
+
+def record_text(d: ReportData) -> str | None:
+    g = d.record_gate
+    if g is None:
+        return None
+    if g.passed:
+        return f"PASS ({g.status})"
+    return "no record" + (": " + "; ".join(g.reasons) if g.reasons else f" ({g.status})")
+
+
+def gates_text(d: ReportData) -> str:
+    """Every leg's gates in one line: what did not pass, or that everything did."""
+    cells = [(leg.name, g) for leg in d.legs for g in leg.gates]
+    if not cells:
+        return "no gates recorded"
+    names = {g.name for _, g in cells}
+    passed = sum(1 for _, g in cells if g.status == "pass")
+    head = (f"{len(names)} gates x {len(d.legs)} leg{'s' if len(d.legs) > 1 else ''}: "
+            f"{passed}/{len(cells)} pass")
+    issues = []
+    for name in sorted(names, key=lambda n: [g.name for _, g in cells].index(n)):
+        bad = [(leg, g) for leg, g in cells if g.name == name and g.status != "pass"]
+        if bad:
+            where = ", ".join(f"{leg} {g.status}" + (f" {g.count}" if g.count else "") for leg, g in bad)
+            issues.append(f"{fmt.gate_label(name)}: {where}")
+    valid = [leg.name for leg in d.legs if leg.valid]
+    every = "the leg is valid" if len(d.legs) == 1 else "every leg valid"
+    state = (every if len(valid) == len(d.legs)
+             else f"NOT VALID: {', '.join(leg.name for leg in d.legs if not leg.valid)}")
+    extra = [f"{fmt.gate_label(g.name)} {g.status}" + (f" {g.count}" if g.count else "")
+             for g in d.experiment_gates]
+    return "; ".join([state, head, *issues, *extra])
+
+
+def evidence_text(d: ReportData) -> str:
+    v = d.verification
+    if not v.checked:
+        return v.note
+    if v.ok:
+        return "verified: every file matches the signed manifest; every figure recomputes"
+    first = v.problems[0] if v.problems else ""
+    if len(first) > PROBLEM_CHARS:
+        first = first[:PROBLEM_CHARS - 1] + "…"
+    return f"NOT verified ({v.total} problems; tokrecord verify lists them): {first}"
+
+
+def _leg_cells(leg: LegView) -> list[str]:
+    s = leg.speculative
+    exact = next((g for g in leg.gates if g.name == "teacher_exact"), None)
+    exact_text = fmt.DASH if exact is None else (exact.count or exact.status
+                                                 if exact.status == "pass" else exact.status)
+    passed = sum(1 for g in leg.gates if g.status == "pass")
+    return [leg.name, leg.arm, fmt.num(leg.tok_s), fmt.num(leg.p10), fmt.num(leg.ttft_ms, 1),
+            fmt.num(s.acceptance_rate, 3) if s else fmt.DASH,
+            fmt.num(s.emitted_per_cycle, 2) if s else fmt.DASH, exact_text,
+            f"{passed}/{len(leg.gates)}", str(leg.stalled_rows), "yes" if leg.valid else "NO"]
+
+
+LEG_COLUMNS = ("leg", "arm", "tok/s", "p10", "TTFT ms", "accept", "tok/cycle", "exact", "gates",
+               "stalls", "valid")
+# What a narrow terminal keeps (no column is ever cut short: a cut number misleads).
+COMPACT_COLUMNS = ("leg", "arm", "tok/s", "TTFT ms", "accept", "exact", "valid")
+COMPACT_BELOW = 92
+_NUMERIC = {"tok/s", "p10", "TTFT ms", "accept", "tok/cycle", "exact", "gates", "stalls"}
+
+
+# --------------------------------------------------------------------------- terminal
+
+
+def terminal_renderables(d: ReportData, width: int = 100) -> list[RenderableType]:
+    title = Text.assemble(("tokrecord report: ", "bold"), (d.title, "bold"),
+                          f" — {_KIND[d.kind]}" + (f", {d.date}" if d.date else "")
+                          + f", status {d.status}")
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column()
+    facts.add_row("headline", escape(headline_text(d)))
+    facts.add_row("verdict", Text(verdict_text(d), style=_VERDICT_STYLE.get(d.verdict, "bold")))
+    record = record_text(d)
+    if record is not None:
+        facts.add_row("record", Text(record, style="green" if d.record_gate and d.record_gate.passed
+                                     else "red"))
+    facts.add_row("gates", escape(gates_text(d)))
+    v = d.verification
+    facts.add_row("evidence", Text(evidence_text(d),
+                                   style="green" if v.ok else ("red" if v.checked else "yellow")))
+    legs = Table(box=None, padding=(0, 1), title="legs", title_justify="left", title_style="bold")
+    columns = LEG_COLUMNS if width >= COMPACT_BELOW else COMPACT_COLUMNS
+    for col in columns:
+        legs.add_column(col, justify="right" if col in _NUMERIC else "left", no_wrap=True)
+    for leg in d.legs:
+        cells = dict(zip(LEG_COLUMNS, _leg_cells(leg), strict=True))
+        cells["valid"] = "[green]yes[/]" if leg.valid else "[bold red]NO[/]"
+        legs.add_row(*(cells[col] for col in columns))
+    out: list[RenderableType] = [title, facts, legs]
+    if d.pairs:
+        pairs = Table(box=None, padding=(0, 1), title="pairs (candidate vs control)",
+                      title_justify="left", title_style="bold")
+        for col in ("pair", "headline Δ", "paired median Δ", "row wins", "pass"):
+            pairs.add_column(col, justify="left" if col in ("pair", "pass") else "right",
+                             no_wrap=col != "pass")
+        for p in d.pairs:
+            verdict = "[green]pass[/]" if p.passed else "[red]fail[/]"
+            pairs.add_row(p.name, fmt.pct(p.headline_delta_pct), fmt.pct(p.paired_median_delta_pct),
+                          p.row_wins, verdict)
+        out.append(pairs)
+    return out
+
+
+def print_report(console: Console, d: ReportData) -> None:
+    console.print(Group(*terminal_renderables(d, console.width)))
+
+
+def render_terminal(d: ReportData, width: int = 100) -> str:
+    """The terminal summary as plain text at a fixed width (no colour): the golden form."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False,
+                      highlight=False, emoji=False, legacy_windows=False)
+    print_report(console, d)
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _md(text: object) -> str:
+    """Safe inside a markdown table cell."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+    lines = ["| " + " | ".join(_md(h) for h in header) + " |",
+             "| " + " | ".join("---:" if i in right else "---" for i in range(len(header))) + " |"]
+    lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def render_markdown(d: ReportData) -> str:
+    """A summary for a pull request or a forum post (GitHub-flavoured markdown)."""
+    out = [f"## tokrecord report: {_md(d.title)}", ""]
+    sub = [_KIND[d.kind]] + ([d.date] if d.date else []) + [f"status `{d.status}`"]
+    out += [" · ".join(sub), ""]
+    h = d.headline
+    bound = f", ±{h.quantisation_bound_pct:.2f} % per-token quantisation" if h.quantisation_bound_pct else ""
+    out.append(f"- **Headline: {fmt.num(h.value)} tok/s**"
+               + (f" (leg {h.leg}, {h.arm})" if h.leg else "")
+               + f" — {h.convention} `{h.formula}`{bound}")
+    out.append(f"- **Verdict: {d.verdict}**" + (
+        f" — candidate/control {d.bootstrap.ratio:.4f} ({fmt.pct(100 * (d.bootstrap.ratio - 1))}), "
+        f"{100 * d.bootstrap.confidence:.0f} % CI [{d.bootstrap.ci_low:.4f}, {d.bootstrap.ci_high:.4f}] "
+        f"(paired bootstrap, {d.bootstrap.samples} samples, equivalence "
+        f"±{d.bootstrap.equivalence_pct:g} %)" if d.bootstrap else ""))
+    record = record_text(d)
+    if record is not None:
+        out.append(f"- **Record gate:** {record}")
+    out.append(f"- **Gates:** {gates_text(d)}")
+    out.append(f"- **Evidence:** {evidence_text(d)}")
+    out += ["", "### Legs", ""]
+    out += _md_table(LEG_COLUMNS, [_leg_cells(leg) for leg in d.legs],
+                     {i for i, c in enumerate(LEG_COLUMNS) if c in _NUMERIC})
+    if d.pairs:
+        out += ["", "### Pairs (candidate vs control)", ""]
+        out += _md_table(
+            ("pair", "headline Δ", "paired median Δ", "row wins", "pass", "failed criteria"),
+            [(p.name, fmt.pct(p.headline_delta_pct), fmt.pct(p.paired_median_delta_pct), p.row_wins,
+              "pass" if p.passed else "fail", "; ".join(p.failed_criteria)) for p in d.pairs],
+            {1, 2, 3})
+    names: list[str] = []
+    for leg in d.legs:
+        names += [g.name for g in leg.gates if g.name not in names]
+    if names:
+        cells = sum(len(leg.gates) for leg in d.legs)
+        passed = sum(1 for leg in d.legs for g in leg.gates if g.status == "pass")
+        out += ["", f"<details><summary>Quality gates: {passed}/{cells} pass</summary>", ""]
+        rows = []
+        for name in names:
+            row = [fmt.gate_label(name)]
+            for leg in d.legs:
+                g = next((x for x in leg.gates if x.name == name), None)
+                row.append(fmt.DASH if g is None else g.status + (f" {g.count}" if g.count else ""))
+            rows.append(row)
+        out += _md_table(("gate", *[leg.name for leg in d.legs]), rows, set())
+        out += ["", "</details>"]
+    warnings = [(leg.name, w) for leg in d.legs for w in leg.warnings]
+    if warnings:
+        out += ["", f"<details><summary>Warnings ({len(warnings)})</summary>", ""]
+        out += [f"- {leg}: {_md(w)}" for leg, w in warnings]
+        out += ["", "</details>"]
+    ident = {f.label: f.value for f in d.identity}
+    bits = [f"{label} `{ident[label]}`" for label in ("tokrecord", "plan sha256", "signing key")
+            if label in ident]
+    if bits:
+        out += ["", "<sub>" + " · ".join(bits) + "</sub>"]
+    return "\n".join(out) + "\n"
