@@ -1,0 +1,39 @@
+"""Leaderboard submission from sealed records (``tokrecord submit``).
+
+* ``facts``: the verified facts of a sealed record (the only I/O before a payload);
+* ``target``: the ``Target`` interface, the API key, HTTP exchanges as evidence;
+* ``contract`` and ``localmaxxing``: the first target, its local schema and client;
+* ``ledger``: one record, one submission per service;
+* ``flow``: dry run (default), send, check — queue file and sealed addenda;
+* ``standin``: a local stand-in for the LocalMaxxing API, shipped for rehearsals and tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tokrecord.submit.facts import RecordFacts, SubmitError, load_facts
+from tokrecord.submit.target import ApiKey, PayloadOptions, Target, key_from_env
+
+__all__ = ["TARGETS", "ApiKey", "PayloadOptions", "RecordFacts", "SubmitError", "Target",
+           "key_from_env", "load_facts", "make_target"]
+
+
+def _localmaxxing(url: str | None) -> Target:
+    import os
+
+    from tokrecord.submit.localmaxxing import DEFAULT_URL, URL_ENV, LocalMaxxing
+
+    return LocalMaxxing(url or os.environ.get(URL_ENV) or DEFAULT_URL)
+
+
+# name -> factory(base URL or None for the target's default); add a target here.
+TARGETS: dict[str, Callable[[str | None], Target]] = {"localmaxxing": _localmaxxing}
+
+
+def make_target(name: str, url: str | None = None) -> Target:
+    try:
+        factory = TARGETS[name]
+    except KeyError:
+        raise SubmitError(f"unknown target {name!r}; known: {', '.join(sorted(TARGETS))}") from None
+    return factory(url)

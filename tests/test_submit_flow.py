@@ -1,0 +1,452 @@
+"""Submission end to end: a sealed fake-server ABBA record against the LocalMaxxing stand-in.
+
+One real experiment (fake server, about 10 s) is sealed once per module; every test
+works on its own copy, its own stand-in process and its own ledger, so receipts and
+ledger entries of one test never meet another's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from test_experiment_fake import MAX_TOKENS, TOPICS, plan_toml, suite_jsonl, write_plan
+from tokrecord.evidence import canonical_json, read_jsonl
+from tokrecord.evidence.seal import verify_seal
+from tokrecord.experiment.runner import build_record, finish, run_experiment
+from tokrecord.server.fake import output_token_ids, prompt_token_ids
+from tokrecord.submit.facts import SubmitError, load_facts
+from tokrecord.submit.flow import check, dry_run, send
+from tokrecord.submit.ledger import Ledger
+from tokrecord.submit.localmaxxing import LocalMaxxing
+from tokrecord.submit.target import ApiKey, Built, PayloadOptions
+
+PY = sys.executable
+KEY = "bhk_" + "c3" * 20
+OTHER_KEY = "bhk_" + "d4" * 20
+OPTS = PayloadOptions(hf_id="tokrecord/fake-model", quantization="fp32")
+
+
+@pytest.fixture(scope="module")
+def sealed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("submit-record")
+    path, plan = write_plan(root, plan_toml("submit-me", control=1000, candidate=1050))
+    exp = root / "exp"
+    results = run_experiment(plan, exp, plan_text=path.read_bytes())
+    finish(exp, build_record(plan, exp, results))
+    return exp
+
+
+@pytest.fixture
+def record(sealed: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "rec"
+    shutil.copytree(sealed, copy)
+    return copy
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    return Ledger(tmp_path / "cfg" / "submissions.jsonl")
+
+
+@contextlib.contextmanager
+def standin(tmp_path: Path, *args: str) -> Iterator[SimpleNamespace]:
+    log = tmp_path / f"standin-{time.monotonic_ns()}.jsonl"
+    proc = subprocess.Popen([PY, "-m", "tokrecord.submit.standin", "--port", "0", "--log", str(log),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "listening on" in line, line
+        yield SimpleNamespace(url=line.split()[-1], log=log, proc=proc)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def posts(log: Path, path: str) -> list[dict[str, Any]]:
+    return [e for e in read_jsonl(log) if e["method"] == "POST" and e["path"] == path]
+
+
+def addendum(path: Path) -> dict[str, Any]:
+    assert verify_seal(path) == [], path
+    return json.loads((path / "addendum.json").read_text())  # type: ignore[no-any-return]
+
+
+def _utc(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ------------------------------------------------------------------------- payload
+
+
+def test_payload_from_a_sealed_fake_record(record: Path) -> None:
+    facts = load_facts(record)
+    built = LocalMaxxing("http://127.0.0.1:9").build(facts, OPTS)
+    p = built.payload
+    rec = json.loads((record / "record.json").read_text())
+    leg = rec["metric_accounting"]["headline_leg"]
+    assert leg in ("B1", "B2")
+    assert p["tokSOut"] == rec["metric_accounting"]["published_value_tok_s"] == pytest.approx(1050, rel=0.05)
+    assert p["ttftMs"] == rec["runs"][leg]["ttft_median_ms"]
+    hw = rec["hardware"]
+    assert p["hardware"] == {"hwClass": hw["hw_class"], "cpu": hw["cpu"], "ramGb": hw["ram_gb"],
+                             "os": hw["os"]}
+    assert p["engineName"] == "tokrecord-fake" and p["engineVersion"] == "0.1.0"
+    assert p["engineFlags"]["specDecoding"] is False and p["engineFlags"]["temperature"] == 0
+    assert p["engineFlags"]["commandSnippet"] == (
+        "TOKRECORD_FAKE_TOK_S=1050 python -m tokrecord.server.fake --host '{host}' --port '{port}' "
+        "--model '{model}'")
+    # Independently of tokrecord's record: the suite's prompts and the fake server's
+    # deterministic outputs (ids from crc32 of the prompt, see server/fake.py).
+    prompts = [json.loads(line)["prompt"] for line in suite_jsonl().splitlines()]
+    assert len(prompts) == len(TOPICS)
+    assert p["promptSha256"] == hashlib.sha256(
+        json.dumps(prompts, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()
+    outputs = [output_token_ids(prompt, MAX_TOKENS) for prompt in prompts]
+    outputs_json = json.dumps(outputs, separators=(",", ":"))
+    assert p["outputSha256"] == hashlib.sha256(outputs_json.encode()).hexdigest()
+    assert p["promptTokens"] == sorted(len(prompt_token_ids(x)) for x in prompts)[(len(prompts) - 1) // 2]
+    assert p["outputTokens"] == MAX_TOKENS and p["batchSize"] == 1
+    assert facts.manifest_sha256 == hashlib.sha256((record / "manifest.sha256").read_bytes()).hexdigest()
+    assert facts.manifest_sha256 in p["notes"] and "every row token-exact (5/5)" in p["notes"]
+
+
+def test_altered_or_unsealed_records_are_refused(record: Path, tmp_path: Path) -> None:
+    log = record / "B1" / "attempt-1" / "server.log"
+    log.chmod(0o644)
+    with open(log, "a") as fh:
+        fh.write("one more line\n")
+    with pytest.raises(SubmitError, match="does not verify"):
+        load_facts(record)
+    with pytest.raises(SubmitError, match="not sealed"):
+        load_facts(record / "A1" / "attempt-1")
+
+
+# -------------------------------------------------------------------------- dry run
+
+
+def test_dry_run_unreachable_falls_back_to_the_local_schema(record: Path) -> None:
+    target = LocalMaxxing(f"http://127.0.0.1:{closed_port()}", connect_timeout_s=1)
+    t0 = time.monotonic()
+    result = dry_run(record, target, OPTS)
+    assert time.monotonic() - t0 < 10
+    assert result.valid and result.local_issues == () and result.remote is None
+    assert not result.discovery.reachable
+    assert any("local schema only" in n for n in result.notes)
+    queue = result.prepared.queue_path
+    assert queue.parent == record.parent and queue.name.startswith("rec.localmaxxing-")
+    assert queue.read_bytes() == canonical_json(result.prepared.built.payload) + b"\n"
+    assert json.loads(queue.read_bytes()) == result.prepared.built.payload
+    # A second dry run rebuilds the same bytes and finds its own file.
+    assert dry_run(record, target, OPTS).prepared.queue_path == queue
+    with pytest.raises(SubmitError, match="not reachable"):
+        send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=Ledger(record.parent / "l.jsonl"))
+    assert not record.with_name("rec.addenda").exists()
+
+
+def test_dry_run_against_the_standin(record: Path, tmp_path: Path) -> None:
+    with standin(tmp_path) as s:
+        target = LocalMaxxing(s.url)
+        without_key = dry_run(record, target, OPTS)
+        assert without_key.remote is not None and without_key.remote.status == 401
+        assert without_key.remote_valid is None and without_key.valid
+        assert any("needs an API key" in n for n in without_key.notes)
+        result = dry_run(record, target, OPTS, key=ApiKey(KEY, "$K"))
+        assert result.remote is not None and result.remote.status == 200 and result.remote_valid is True
+        assert result.discovery.submit_path == "/api/speed-tests"
+        assert "openapi.json declares /api/speed-tests" in result.discovery.notes
+        dry = posts(s.log, "/api/speed-tests/dry-run")
+        assert [d["status"] for d in dry] == [401, 200]
+        assert dry[1]["body"] == json.loads(result.prepared.queue_path.read_bytes())
+        assert posts(s.log, "/api/speed-tests") == []  # a dry run never submits
+
+
+def test_standin_contract_directly(tmp_path: Path, record: Path) -> None:
+    payload = json.loads(dry_run(record, LocalMaxxing(f"http://127.0.0.1:{closed_port()}"), OPTS)
+                         .prepared.queue_path.read_bytes())
+    with standin(tmp_path, "--key-sha256", hashlib.sha256(KEY.encode()).hexdigest()) as s, \
+            httpx.Client(base_url=s.url) as client:
+        auth = {"Authorization": f"Bearer {KEY}"}
+        assert client.post("/api/speed-tests", json=payload).status_code == 401
+        wrong = client.post("/api/speed-tests", json=payload,
+                            headers={"Authorization": f"Bearer {OTHER_KEY}"})
+        assert wrong.status_code == 401
+        bad = client.post("/api/speed-tests", json={**payload, "tokSOut": -1}, headers=auth)
+        assert bad.status_code == 400
+        assert any(i.startswith("tokSOut:") for i in bad.json()["issues"])
+        ok = client.post("/api/speed-tests", json=payload, headers=auth)
+        assert ok.status_code == 201 and ok.json()["verifiedRun"] is True
+        row = client.get(f"/api/speed-tests/{ok.json()['id']}").json()
+        assert {k: row[k] for k in payload} == payload and row["status"] == "PENDING"
+        limited = client.post("/api/speed-tests", json=payload, headers=auth)
+        assert limited.status_code == 429 and 299_000 < limited.json()["retryAfterMs"] <= 300_000
+        assert client.get("/api/speed-tests/nope").status_code == 404
+    assert [e["auth"] for e in read_jsonl(s.log) if e["method"] == "POST"] == [
+        "none", "unknown", "bearer", "bearer", "bearer"]
+    assert KEY not in s.log.read_text()
+
+
+# ----------------------------------------------------------------------------- send
+
+
+def test_send_seals_a_receipt_and_refuses_a_duplicate(record: Path, tmp_path: Path,
+                                                      ledger: Ledger) -> None:
+    with standin(tmp_path) as s:
+        target = LocalMaxxing(s.url)
+        result = send(record, target, OPTS, ApiKey(KEY, "$LOCALMAXXING_API_KEY"), ledger=ledger)
+        assert result.acceptance.accepted and result.acceptance.status == "PENDING"
+        sid = result.acceptance.submission_id
+        assert sid is not None and sid.startswith("st_")
+        sent = posts(s.log, "/api/speed-tests")
+        assert [p["status"] for p in sent] == [201]
+        assert sent[0]["body"] == json.loads(result.prepared.queue_path.read_bytes())
+        row = httpx.get(f"{s.url}/api/speed-tests/{sid}").json()
+        assert row["tokSOut"] == result.prepared.built.payload["tokSOut"]
+
+        assert result.receipt_dir == record.with_name("rec.addenda") / "001-submission-receipt"
+        doc = addendum(result.receipt_dir)
+        assert doc["kind"] == "submission-receipt"
+        assert doc["parent_manifest_sha256"] == load_facts(record).manifest_sha256
+        r = doc["payload"]
+        assert (r["accepted"], r["http_status"], r["submission_id"]) == (True, 201, sid)
+        assert r["queue"] == result.prepared.built.payload
+        assert r["queue_sha256"] == hashlib.sha256(result.prepared.queue_path.read_bytes()).hexdigest()
+        assert r["rate_limit"]["x-ratelimit-remaining"] == "0"
+        assert int(r["rate_limit"]["x-ratelimit-reset"]) > time.time() + 200
+        assert r["exchanges"][0]["body"] == {"id": sid, "status": "PENDING", "verifiedRun": True,
+                                             "verificationIssues": []}
+        entries = ledger.entries()
+        assert [(e["event"], e["submission_id"]) for e in entries] == [("submitted", sid)]
+
+        with pytest.raises(SubmitError, match=f"already submitted to {s.url}: id {sid}"):
+            send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=ledger)
+        # Another machine's ledger is empty, but the receipt beside the record still says so.
+        with pytest.raises(SubmitError, match=f"id {sid}"):
+            send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=Ledger(tmp_path / "other.jsonl"))
+        assert len(posts(s.log, "/api/speed-tests")) == 1
+
+
+def test_wrong_key_gets_401_and_does_not_block_a_later_send(record: Path, tmp_path: Path,
+                                                             ledger: Ledger) -> None:
+    with standin(tmp_path, "--key-sha256", hashlib.sha256(KEY.encode()).hexdigest()) as s:
+        target = LocalMaxxing(s.url)
+        refused = send(record, target, OPTS, ApiKey(OTHER_KEY, "$K"), ledger=ledger)
+        assert not refused.acceptance.accepted
+        receipt = addendum(refused.receipt_dir)["payload"]
+        assert receipt["http_status"] == 401 and receipt["accepted"] is False
+        assert receipt["response"]["error"].startswith("Unauthorized")
+        assert ledger.entries() == []
+        accepted = send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=ledger)
+        assert accepted.acceptance.accepted
+        assert accepted.receipt_dir.name == "002-submission-receipt"
+
+
+class _Tampering(LocalMaxxing):
+    """A target whose payload breaks the contract but which skips local validation:
+    what the service's 400 looks like once it gets that far."""
+
+    def build(self, facts: Any, options: PayloadOptions) -> Built:
+        built = super().build(facts, options)
+        return Built({**built.payload, "tokSOut": -1.0}, built.derivation)
+
+    def validate(self, payload: Any) -> list[str]:
+        return []
+
+
+def test_bad_payload_gets_400_and_local_validation_stops_it_first(record: Path, tmp_path: Path,
+                                                                    ledger: Ledger) -> None:
+    with standin(tmp_path) as s:
+        result = send(record, _Tampering(s.url), OPTS, ApiKey(KEY, "$K"), ledger=ledger)
+        assert not result.acceptance.accepted
+        receipt = addendum(result.receipt_dir)["payload"]
+        assert receipt["http_status"] == 400
+        assert any(i.startswith("tokSOut:") for i in receipt["response"]["issues"])
+        assert ledger.entries() == []
+
+        class _Honest(_Tampering):
+            def validate(self, payload: Any) -> list[str]:
+                return LocalMaxxing.validate(self, payload)
+
+        with pytest.raises(SubmitError, match="breaks the localmaxxing schema: tokSOut"):
+            send(record, _Honest(s.url), OPTS, ApiKey(KEY, "$K"), ledger=ledger)
+        assert len(posts(s.log, "/api/speed-tests")) == 1  # the honest target sent nothing
+
+
+def test_429_waits_retry_after_ms_then_succeeds(record: Path, tmp_path: Path, ledger: Ledger) -> None:
+    with standin(tmp_path, "--rate-limit", "1", "--window-s", "1.5") as s:
+        target = LocalMaxxing(s.url)
+        body = dry_run(record, target, OPTS).prepared.queue_path.read_bytes()
+        # Another submission with the same key uses up the window first.
+        first = httpx.post(f"{s.url}/api/speed-tests", content=body,
+                           headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        assert first.status_code == 201
+        waits: list[float] = []
+
+        def sleep(seconds: float) -> None:
+            waits.append(seconds)
+            time.sleep(seconds)
+
+        result = send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=ledger, sleep=sleep)
+        assert [e.status for e in result.exchanges] == [429, 201]
+        retry_ms = result.exchanges[0].body["retryAfterMs"]
+        assert 0 < retry_ms <= 1500
+        assert waits == [retry_ms / 1000] and result.exchanges[1].waited_s == retry_ms / 1000
+        logged = posts(s.log, "/api/speed-tests")
+        assert [e["status"] for e in logged] == [201, 429, 201]
+        assert _utc(logged[2]["utc"]) - _utc(logged[1]["utc"]) >= retry_ms / 1000 - 0.002
+        receipt = addendum(result.receipt_dir)["payload"]
+        assert receipt["accepted"] and receipt["retry_after_ms"] == [retry_ms]
+        assert [e["http_status"] for e in receipt["exchanges"]] == [429, 201]
+
+
+def test_429_past_the_wait_budget_is_recorded_not_retried(record: Path, tmp_path: Path,
+                                                          ledger: Ledger) -> None:
+    with standin(tmp_path, "--rate-limit", "1", "--window-s", "300") as s:
+        target = LocalMaxxing(s.url)
+        body = dry_run(record, target, OPTS).prepared.queue_path.read_bytes()
+        httpx.post(f"{s.url}/api/speed-tests", content=body,
+                   headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        waits: list[float] = []
+        result = send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=ledger, sleep=waits.append,
+                      max_retries=3, max_wait_s=60)
+        assert waits == [] and [e.status for e in result.exchanges] == [429]
+        receipt = addendum(result.receipt_dir)["payload"]
+        assert receipt["accepted"] is False and receipt["http_status"] == 429
+        assert 299_000 < receipt["retry_after_ms"][0] <= 300_000
+        assert receipt["exchanges"][0]["headers"]["x-ratelimit-remaining"] == "0"
+        assert ledger.entries() == []
+
+
+def test_older_benchmarks_endpoint_found_through_openapi(record: Path, tmp_path: Path,
+                                                         ledger: Ledger) -> None:
+    with standin(tmp_path, "--api", "benchmarks") as s:
+        result = send(record, LocalMaxxing(s.url), OPTS, ApiKey(KEY, "$K"), ledger=ledger)
+        assert result.acceptance.accepted and result.discovery.submit_path == "/api/benchmarks"
+        assert [p["status"] for p in posts(s.log, "/api/benchmarks")] == [201]
+
+
+# ---------------------------------------------------------------------------- check
+
+
+def test_check_records_match_then_mismatch(record: Path, tmp_path: Path, ledger: Ledger) -> None:
+    with standin(tmp_path, "--allow-edits") as s:
+        target = LocalMaxxing(s.url)
+        with pytest.raises(SubmitError, match="nothing to check"):
+            check(record, target, ledger=ledger)
+        sent = send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=ledger)
+        sid = sent.acceptance.submission_id
+        good = check(record, target, ledger=ledger)
+        assert good.found and good.match and good.submission_id == sid
+        doc = addendum(good.check_dir)
+        assert doc["kind"] == "submission-check"
+        c = doc["payload"]
+        assert c["match"] is True and c["mismatches"] == [] and c["public_status"] == "PENDING"
+        leaves = {f["field"] for f in c["fields"]}
+        assert {"tokSOut", "hardware.cpu", "engineFlags.commandSnippet", "outputSha256"} <= leaves
+        assert c["fields_compared"] == len(leaves)
+        assert abs(_utc(c["checked_utc"]) - time.time()) < 60
+
+        patched = httpx.patch(f"{s.url}/api/speed-tests/{sid}", json={"tokSOut": 1.0})
+        assert patched.status_code == 200
+        bad = check(record, target, ledger=ledger)
+        assert bad.found and not bad.match
+        assert bad.mismatches == [{"field": "tokSOut", "sent": sent.prepared.built.payload["tokSOut"],
+                                   "public": 1.0, "match": False}]
+        assert addendum(bad.check_dir)["payload"]["match"] is False
+        assert [(e["event"], e.get("match")) for e in ledger.entries()] == [
+            ("submitted", None), ("checked", True), ("checked", False)]
+
+        # The record and its addenda move; the ledger's receipt path goes stale and the
+        # receipt is found beside the record instead.
+        moved = tmp_path / "elsewhere" / "rec"
+        shutil.copytree(record, moved)
+        shutil.copytree(record.with_name("rec.addenda"), moved.with_name("rec.addenda"))
+        old = record.with_name("rec.addenda")
+        for path in [old, *old.rglob("*")]:
+            if path.is_dir():
+                path.chmod(0o755)
+        shutil.rmtree(old)
+        again = check(moved, target, ledger=ledger)
+        assert again.found and not again.match and again.submission_id == sid
+        assert again.check_dir == moved.with_name("rec.addenda") / "004-submission-check"
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def test_cli_dry_run_send_check_and_the_key_is_in_no_file(
+        record: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    config = tmp_path / "cli-config"
+    base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLUMNS": "200", "TERM": "dumb",
+                "TOKRECORD_CONFIG_DIR": str(config)}
+    keyed = {**base_env, "LOCALMAXXING_API_KEY": KEY}
+    outputs: list[str] = []
+
+    def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([PY, "-m", "tokrecord", "submit", str(record), *args],
+                              capture_output=True, text=True, timeout=120, env=env)
+        outputs.append(proc.stdout + proc.stderr)
+        return proc
+
+    with standin(tmp_path, "--allow-edits") as s:
+        common = ("--url", s.url, "--hf-id", "tokrecord/fake-model", "--quantization", "fp32")
+        missing = cli(base_env, "--url", s.url)
+        assert missing.returncode == 1 and "--hf-id ORG/NAME" in missing.stderr
+        dry = cli(base_env, *common)
+        assert dry.returncode == 0, dry.stderr
+        assert "local schema: valid" in dry.stdout and "needs an API key" in dry.stderr
+        assert "nothing was sent" in dry.stdout
+        dry_keyed = cli(keyed, *common)
+        assert "dry-run endpoint /api/speed-tests/dry-run: HTTP 200, valid" in dry_keyed.stdout
+        no_key = cli(base_env, *common, "--send")
+        assert no_key.returncode == 1 and "$LOCALMAXXING_API_KEY" in no_key.stderr
+        sent = cli(keyed, *common, "--send")
+        assert sent.returncode == 0, sent.stderr
+        receipt = addendum(record.with_name("rec.addenda") / "001-submission-receipt")["payload"]
+        sid = receipt["submission_id"]
+        assert f'"submission_id": "{sid}"' in sent.stdout and "HTTP 201" in sent.stdout
+        again = cli(keyed, *common, "--send")
+        assert again.returncode == 1 and f"already submitted to {s.url}: id {sid}" in again.stderr
+        checked = cli(base_env, "--url", s.url, "--check")
+        assert checked.returncode == 0, checked.stderr
+        assert f"public row {sid} (status PENDING)" in checked.stdout and "all match" in checked.stdout
+        httpx.patch(f"{s.url}/api/speed-tests/{sid}", json={"quantization": "int4"})
+        changed = cli(base_env, "--url", s.url, "--check")
+        assert changed.returncode == 3 and "quantization: sent 'fp32', public 'int4'" in changed.stdout
+        ledger = [json.loads(line) for line in (config / "submissions.jsonl").read_text().splitlines()]
+        assert [e["event"] for e in ledger] == ["submitted", "checked", "checked"]
+        assert len(posts(s.log, "/api/speed-tests")) == 1
+
+    # The key: in no file this test or any earlier one wrote (records, queues, addenda,
+    # ledgers, stand-in logs, pytest's tmp dirs), and in no output.
+    needle = KEY.encode()
+    scanned = 0
+    for root in {tmp_path_factory.getbasetemp()}:
+        for path in root.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                scanned += 1
+                assert needle not in path.read_bytes(), path
+    assert scanned > 50
+    assert all(KEY not in text for text in outputs)
