@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # This machine's pip indexes print one warning per missing mirror entry; hide them.
 QUIET_PIP := grep -v 'is ignored: it is neither a file nor a directory' || true
 
-.PHONY: setup engine demo test test-fast lint schema clean
+.PHONY: setup engine demo fidelity test test-fast lint schema clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -25,16 +25,26 @@ engine: setup
 demo: engine
 	$(BIN)/tokrecord demo
 
-lint: setup
-	$(BIN)/ruff check src tests
-	$(BIN)/mypy
+# Measurement fidelity: tokrecord, a stdlib floor client, vLLM bench serve, AIPerf and
+# GuideLLM against the fake server's own log (a table, not a test; ~25 min; the peers
+# are installed once under ~/.cache/tokrecord/bench). Options: ARGS="--runs 1 --cells 1000".
+fidelity: engine
+	$(BIN)/python -m bench.fidelity $(ARGS)
 
-# Everything, the real engine included (a few server starts; ~10 min).
+lint: setup
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+	$(BIN)/mypy bench
+
+# Everything, the real engine included (a few server starts; ~10 min). The report
+# tests open the HTML in headless Chromium: installed (apt) when missing.
 test: engine lint
+	scripts/ensure-chromium >/dev/null
 	$(BIN)/python -m pytest
 
 # Without the real engine: fake server and pure code only (~1 min).
 test-fast: setup
+	scripts/ensure-chromium >/dev/null
 	$(BIN)/python -m pytest -m "not engine"
 
 # Regenerate the published record schema after changing the record models.

@@ -70,13 +70,18 @@ def _default_out(kind: str) -> Path:
 
 
 def _parse_env(pairs: list[str]) -> dict[str, str]:
-    env = {}
+    return _parse_kv(pairs, "--env")
+
+
+def _parse_kv(pairs: list[str], option: str) -> dict[str, str]:
+    """KEY=VALUE pairs; pydantic converts the values to the declared types."""
+    out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--env expects KEY=VALUE, got {pair!r}")
-        env[key] = value
-    return env
+            raise ConfigError(f"{option} expects KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
 
 
 def _load_toml(path: Path) -> dict[str, Any]:
@@ -118,6 +123,9 @@ EndpointOpt = Annotated[Endpoint | None, typer.Option(help="API to stream from."
 HeadlineOpt = Annotated[Convention | None, typer.Option(help="Headline rate convention.")]
 ReadyOpt = Annotated[float | None, typer.Option(help="Seconds to wait for readiness.")]
 NameOpt = Annotated[str | None, typer.Option(help="Leg name.")]
+IdleOpt = Annotated[list[str] | None, typer.Option(
+    help="Idle-gate criterion KEY=VALUE (repeatable), e.g. host_cpu_max_pct=20, consecutive=5, "
+    "timeout_s=600, enabled=false; see `tokrecord probe --help`.")]
 TailOpt = Annotated[bool, typer.Option(help="Print the server log while waiting.")]
 
 
@@ -125,7 +133,7 @@ def _leg_config(
     *, server_cmd: str | None, model: str | None, served_model: str | None, config: Path | None,
     suite: Path | None, rows: int | None, port: int | None, env: list[str] | None,
     endpoint: Endpoint | None, headline: Convention | None, ready_timeout: float | None,
-    name: str | None,
+    name: str | None, idle: list[str] | None = None,
 ) -> LegConfig:
     """A LegConfig from a TOML file and/or options (options win); errors name the key."""
     source = str(config) if config else "options"
@@ -154,6 +162,8 @@ def _leg_config(
     for key, value in (("endpoint", endpoint), ("headline", headline), ("name", name)):
         if value is not None:
             leg_raw[key] = value
+    if idle:
+        leg_raw["idle"] = {**leg_raw.get("idle", {}), **_parse_kv(idle, "--idle")}
     try:
         return LegConfig.model_validate(leg_raw)
     except ValidationError as exc:
@@ -199,7 +209,7 @@ def leg(
     config: ConfigOpt = None, suite: SuiteOpt = None, rows: RowsOpt = None, out: OutOpt = None,
     port: PortOpt = None, env: EnvOpt = None, endpoint: EndpointOpt = None,
     headline: HeadlineOpt = None, ready_timeout: ReadyOpt = None, name: NameOpt = None,
-    show_log_tail: TailOpt = False,
+    show_log_tail: TailOpt = False, idle: IdleOpt = None,
     teacher: Annotated[
         Path | None, typer.Option(help="Teacher file: check every row for exact outputs.")
     ] = None,
@@ -208,7 +218,7 @@ def leg(
     leg_config = _leg_config(
         server_cmd=server_cmd, model=model, served_model=served_model, config=config,
         suite=suite, rows=rows, port=port, env=env, endpoint=endpoint, headline=headline,
-        ready_timeout=ready_timeout, name=name,
+        ready_timeout=ready_timeout, name=name, idle=idle,
     )
     loaded = load_teacher(teacher) if teacher else None
     if loaded is not None and teacher is not None:
@@ -228,6 +238,7 @@ def teacher_cmd(
     config: ConfigOpt = None, suite: SuiteOpt = None, rows: RowsOpt = None, out: OutOpt = None,
     port: PortOpt = None, env: EnvOpt = None, endpoint: EndpointOpt = None,
     ready_timeout: ReadyOpt = None, name: NameOpt = None, show_log_tail: TailOpt = False,
+    idle: IdleOpt = None,
     teacher_out: Annotated[
         Path | None, typer.Option(help="Teacher file to write (default: <out>/../teacher.json).")
     ] = None,
@@ -236,7 +247,7 @@ def teacher_cmd(
     leg_config = _leg_config(
         server_cmd=server_cmd, model=model, served_model=served_model, config=config,
         suite=suite, rows=rows, port=port, env=env, endpoint=endpoint, headline=None,
-        ready_timeout=ready_timeout, name=name or "teacher",
+        ready_timeout=ready_timeout, name=name or "teacher", idle=idle,
     )
     run_dir = out or _default_out("teacher")
     target = teacher_out or run_dir.parent / f"{run_dir.name}.teacher.json"
@@ -249,14 +260,15 @@ def teacher_cmd(
     out_console.print(f"teacher: {target} ({len(captured.rows)} rows, sha256 {captured.sha256})")
 
 
-def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> dict[str, Any]:
+def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None,
+                  show_log_tail: bool = False) -> dict[str, Any]:
     from tokrecord.experiment.runner import build_record, finish, run_experiment
 
     err_console.print(
         f"[bold]experiment[/] {plan.name} ({plan.design.value}), plan sha256 {plan.sha256[:16]}… "
         f"preregistered in {exp_dir}"
     )
-    observer = RichExperimentObserver(err_console)
+    observer = RichExperimentObserver(err_console, show_log_tail=show_log_tail)
     results = run_experiment(plan, exp_dir, observer, plan_text=plan_text)
     record = build_record(plan, exp_dir, results)
     key = load_or_create_key()
@@ -282,12 +294,13 @@ def run_plan(
         Path | None,
         typer.Option(help="Experiment directory (default: tokrecord-runs/<name>-<plan hash>)."),
     ] = None,
+    show_log_tail: TailOpt = False,
 ) -> None:
     """Run (or resume) a preregistered experiment and print its result."""
     from tokrecord.experiment.runner import default_experiment_dir
 
     plan = load_plan(plan_path)
-    _execute_plan(plan, out or default_experiment_dir(plan), plan_path.read_bytes())
+    _execute_plan(plan, out or default_experiment_dir(plan), plan_path.read_bytes(), show_log_tail)
 
 
 @app.command()
@@ -296,6 +309,7 @@ def demo(
     out: Annotated[Path | None, typer.Option(help="New directory for the demo experiment.")] = None,
     rows: RowsOpt = None,
     idle_gap: Annotated[float, typer.Option(help="Seconds between legs.")] = 5.0,
+    show_log_tail: TailOpt = False,
 ) -> None:
     """A full preregistered ABBA on the embedded engine: plain vs ngram speculative decoding."""
     from tokrecord.demo.model import build_demo_model
@@ -312,7 +326,11 @@ def demo(
         "uses 60 s or more); no prior record is declared, so the record gate shows why it "
         "cannot pass"
     )
-    _execute_plan(plan, out or _default_out("demo"), None)
+    exp_dir = out or _default_out("demo")
+    _execute_plan(plan, exp_dir, None, show_log_tail)
+    from .report import write_report
+
+    write_report(exp_dir, print_summary=False)
 
 
 @app.command("cache-audit")
@@ -321,6 +339,7 @@ def cache_audit(
     server_cmd: ServerCmd = None, model: ModelOpt = None, served_model: ServedModel = None,
     config: ConfigOpt = None, suite: SuiteOpt = None, out: OutOpt = None, port: PortOpt = None,
     env: EnvOpt = None, endpoint: EndpointOpt = None, ready_timeout: ReadyOpt = None,
+    idle: IdleOpt = None,
     row: Annotated[int | None, typer.Option(help="Suite row to repeat (default: longest).")] = None,
     threshold_pct: Annotated[
         float, typer.Option(help="Fail when the repeat's TTFT is this much faster (%).")
@@ -332,7 +351,7 @@ def cache_audit(
     base = _leg_config(
         server_cmd=server_cmd, model=model, served_model=served_model, config=config,
         suite=suite, rows=None, port=port, env=env, endpoint=endpoint, headline=None,
-        ready_timeout=ready_timeout, name="cache-audit",
+        ready_timeout=ready_timeout, name="cache-audit", idle=idle,
     )
     audit_config = base.model_copy(update={"suite": audit_suite(base.suite, row)})
     result = _execute(audit_config, out or _default_out("cache-audit"), print_results=False)
@@ -481,6 +500,12 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
 
+
+
+# Commands defined in their own modules register themselves on `app` when imported.
+from . import probe as _probe  # noqa: E402,F401
+from . import report as _report  # noqa: E402,F401
+from . import submit as _submit  # noqa: E402,F401
 
 if __name__ == "__main__":
     sys.exit(main())

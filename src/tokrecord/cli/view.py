@@ -8,9 +8,12 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.status import Status
 from rich.table import Table
 
 from tokrecord.experiment.leg import LegResult, RowRecord
+from tokrecord.probes import Snapshot
+from tokrecord.probes.idle import IdleCriteria, IdleResult
 from tokrecord.server.process import CleanupReport, log_tail
 from tokrecord.suite import SuiteRow
 
@@ -92,6 +95,29 @@ class RichLegObserver:
             f"{cleanup.surviving_workers} surviving processes, port {cleanup.port} {port}"
         )
 
+    def idle_snapshot(self, phase: str, snap: Snapshot, reasons: list[str], run: int,
+                      elapsed_s: float, criteria: IdleCriteria) -> None:
+        busy = f"busy: {escape(reasons[0])}" if reasons else "idle"
+        line = (f"idle gate ({phase}): {run}/{criteria.consecutive} consecutive idle, "
+                f"{elapsed_s:.0f}/{criteria.timeout_s:g} s; {busy}")
+        if not self._live:
+            self._status.start()
+            self._live = True
+        self._status.update(line)
+
+    def idle_finished(self, result: IdleResult) -> None:
+        if self._live:
+            self._status.stop()
+            self._live = False
+        if result.skipped:
+            self.console.print(f"idle gate ({result.phase}): [yellow]switched off[/] by the criteria")
+        elif result.passed:
+            self.console.print(f"idle gate ({result.phase}): [green]idle[/] after "
+                               f"{result.seconds:.1f} s, {result.snapshots} snapshots")
+        else:
+            self.console.print(f"idle gate ({result.phase}): [red]NOT IDLE[/] after "
+                               f"{result.seconds:.1f} s: {escape(result.reason or '')}")
+
 
 def summary_table(result: LegResult) -> Table:
     s = result.summary
@@ -136,6 +162,21 @@ def summary_table(result: LegResult) -> Table:
         port = "open" if c.port_listening_after else "closed"
         table.add_row("cleanup", "pass" if c.passed else "FAIL",
                       f"{c.surviving_workers} survivors, port {port}")
+    for r in (result.idle_before, result.idle_after):
+        if r is not None:
+            table.add_row(f"idle {r.phase}", "off" if r.skipped else "pass" if r.passed else "FAIL",
+                          f"{r.seconds:.1f} s, {r.snapshots} snapshots")
+    t = result.telemetry
+    if t is not None:
+        if t.energy_j is not None:
+            table.add_row("power / energy", f"{fmt(t.power_w_mean, 1)} W / {fmt(t.energy_j, 1)} J",
+                          f"{t.power_source}, {t.energy_method}, suite window")
+            table.add_row("J per output token", fmt(t.joules_per_output_token, 4),
+                          f"{fmt(t.tok_s_per_watt, 3)} tok/s per W")
+        else:
+            table.add_row("power / energy", "—", "; ".join(t.notes))
+        table.add_row("host CPU", fmt(t.host_cpu_util_pct_mean, 0),
+                      f"% mean over the suite, {t.samples_in_window} samples")
     table.add_row("wall time", fmt(result.wall_seconds, 1), "s")
     return table
 
@@ -166,6 +207,8 @@ _LABELS = {
     "cleanup": "cleanup",
     "treatment_attestation": "attestation",
     "cross_leg_exact": "cross-leg exact",
+    "idle_before": "idle before",
+    "idle_after": "idle after",
 }
 
 
@@ -194,10 +237,24 @@ def print_gates(out: Console, result: LegResult) -> None:
         out.print("[bold red]leg not valid:[/] " + escape("; ".join(result.invalid_reasons)))
 
 
+class _Countdown:
+    """A status text that computes the time left each time it is drawn."""
+
+    def __init__(self, label: str, seconds: float) -> None:
+        self.label = label
+        self.deadline = time.monotonic() + seconds
+
+    def __rich__(self) -> str:
+        return f"{escape(self.label)}: {max(0.0, self.deadline - time.monotonic()):.0f} s left"
+
+
 class RichExperimentObserver(RichLegObserver):
     """Leg headers, idle gaps and kept legs on top of the per-leg progress."""
 
+    _idle_wait: Status | None = None
+
     def leg_starting(self, name: str, arm: str, attempt: int, index: int, total: int) -> None:
+        self._end_idle_wait()
         again = f", attempt {attempt} (earlier attempts interrupted)" if attempt > 1 else ""
         which = "teacher capture" if name == "teacher" else f"leg {index}/{total}"
         self.console.rule(f"[bold]{which}: {name} ({arm}){again}")
@@ -208,6 +265,14 @@ class RichExperimentObserver(RichLegObserver):
 
     def idle_wait(self, before: str, seconds: float) -> None:
         self.console.print(f"idle gap before {before}: waiting {seconds:.1f} s")
+        # The runner sleeps in one call; the status redraws itself, so the countdown moves.
+        self._idle_wait = self.console.status(_Countdown(f"idle gap before {before}", seconds))
+        self._idle_wait.start()
+
+    def _end_idle_wait(self) -> None:
+        if self._idle_wait is not None:
+            self._idle_wait.stop()
+            self._idle_wait = None
 
 
 def _pct(value: Any) -> str:
@@ -218,14 +283,20 @@ def experiment_tables(record: dict[str, Any]) -> list[Table]:
     order = [item.split("-")[0] for item in record["protocol"]["order"]]
     legs = [name for name in order if name in record["runs"]]
     runs = Table(title=f"experiment {record['experiment']} — legs", box=None, padding=(0, 1))
-    for col in ("leg", "arm", "tok/s", "p10", "TTFT ms", "cycle ms", "acc.", "exact", "valid"):
+    for col in ("leg", "arm", "tok/s", "p10", "TTFT ms", "cycle ms", "acc.", "exact", "W",
+                "J/tok", "idle", "valid"):
         runs.add_column(col, justify="right" if col not in ("leg", "arm") else "left")
     for name in legs:
         leg = record["runs"][name]
+        tel = leg.get("telemetry") or {}
+        op = (record.get("operational") or {}).get("legs", {}).get(name, {})
+        idle = ("—" if op.get("prestart_idle_seconds") is None else
+                f"{op['prestart_idle_seconds']:.0f}+{fmt(op.get('poststop_idle_seconds'), 0)} s")
         runs.add_row(name, leg["treatment"], fmt(leg["headline_tok_s"]), fmt(leg["p10_tok_s"]),
                      fmt(leg["ttft_median_ms"], 1), fmt(leg["aggregate_cycle_ms"]),
                      fmt(leg["draft_acceptance_rate"], 3), leg["teacher_exact"],
-                     "yes" if leg["valid"] else "[red]NO[/]")
+                     fmt(tel.get("power_w_mean"), 0), fmt(tel.get("joules_per_output_token"), 3),
+                     idle, "yes" if leg["valid"] else "[red]NO[/]")
     pairs = Table(title="pairs (candidate vs control)", box=None, padding=(0, 1))
     for col in ("pair", "headline Δ", "paired median Δ", "row wins", "cycle saving ms", "pass"):
         pairs.add_column(col, justify="left" if col == "pair" else "right")
@@ -253,8 +324,11 @@ def experiment_tables(record: dict[str, Any]) -> list[Table]:
     quality.add_column("value", justify="right")
     for key in ("all_legs_teacher_exact", "all_legs_cross_exact", "all_legs_cached_zero",
                 "full_output_then_next_exact", "long_then_next_exact", "rollover_exact",
-                "token_count_integrity", "cleanup_passed_all_legs", "all_legs_valid", "retries"):
-        quality.add_row(key, str(q[key]))
+                "token_count_integrity", "cleanup_passed_all_legs",
+                "idle_before_and_after_all_legs", "same_hardware_all_legs", "all_legs_valid",
+                "retries"):
+        if key in q:  # records made before idle gates existed lack the newer keys
+            quality.add_row(key, str(q[key]))
     gate = record["record_gate"]
     rg = Table(title="record gate (strict preregistered)", box=None, padding=(0, 1),
                show_header=False)
@@ -286,3 +360,30 @@ def print_experiment(out: Console, record: dict[str, Any], path: Path) -> None:
     for reason in record["record_gate"]["reasons"]:
         out.print(f"  no record: {escape(reason)}")
     out.print(f"record: {escape(str(path))}", soft_wrap=True)
+
+
+class RichReportObserver:
+    """Progress while a report is built: what it is doing and for how long (verification
+    re-hashes every file and re-parses every raw event, which takes a while on big legs)."""
+
+    def __init__(self, console: Console) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                                  TimeElapsedColumn(), console=console, transient=True,
+                                  disable=not console.is_terminal)
+        self._task = self._progress.add_task("reading the record", total=None)
+
+    def __enter__(self) -> RichReportObserver:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def report_step(self, message: str) -> None:
+        self._progress.update(self._task, description=escape(message))
+
+    def report_leg(self, name: str, index: int, total: int) -> None:
+        self._progress.update(self._task, description=f"leg {escape(name)} ({index}/{total}): rows, "
+                              "intervals, engine counters, telemetry")
