@@ -65,6 +65,18 @@ def test_zero_duration_window_has_no_rate() -> None:
     assert m.tok_s_wall_full == pytest.approx(10 / 0.005)
 
 
+def test_a_row_delivered_in_one_burst_is_unrated_and_warned() -> None:
+    """A whole row in one read (a CPU engine's API server starved): one arrival time for
+    512 tokens, so no rate; the leg's headline is the median of the other rows."""
+    burst = row_metrics(0, [Chunk(t_ns=1500 * MS, n=1)] * 512)
+    steady = [row_metrics(0, [Chunk(t_ns=(10 + 5 * k) * MS, n=1) for k in range(150)])
+              for _ in range(2)]
+    s = summarize([burst, *steady])
+    assert s.rows_rated == 2 and s.tok_s_out == pytest.approx(99 / 0.495)
+    (warning,) = [w for w in s.warnings if "have no rate" in w]
+    assert warning.startswith("1 of 3 rows have no rate (rows 0)")
+
+
 def test_single_token_and_empty_rows() -> None:
     one = row_metrics(0, [Chunk(t_ns=MS, n=1)])
     assert "no_window" in one.flags and one.rate_conventional is None

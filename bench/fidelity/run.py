@@ -392,8 +392,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-pin", action="store_true",
                         help="do not keep the fake server on a CPU of its own (by default, with "
                              "2+ CPUs, the last CPU runs the server and the others the tool)")
-    parser.add_argument("--report", type=Path, default=None, metavar="RESULTS_JSON",
-                        help="print the tables of an earlier run's results.json and exit")
+    parser.add_argument("--report", type=Path, default=None, metavar="RESULTS",
+                        help="print the tables of an earlier run (its results.json, or the "
+                             "directory holding it) and exit")
     parser.add_argument("--out", type=Path, default=None,
                         help="directory for every run's files and results.json "
                              "(default tokrecord-runs/fidelity-<time>)")
@@ -406,7 +407,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_console = Console(width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True)
     if args.report is not None:
-        document = json.loads(args.report.read_text())
+        path = args.report / "results.json" if args.report.is_dir() else args.report
+        try:
+            document = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            err.print(f"[red]cannot read {path}: {exc}[/]")
+            return 2
         if document.get("schema") != SCHEMA:
             err.print(f"[red]{args.report} is not a {SCHEMA} document[/]")
             return 2

@@ -45,7 +45,17 @@ def test_each_leg_complete_exact_and_clean(abba: tuple[dict[str, LegResult], dic
                                            leg: str) -> None:
     result = abba[0][leg]
     assert result.status == "complete", result.error
-    assert result.summary.rows == 13 and result.summary.rows_rated == 13
+    assert result.summary.rows == 13
+    # On 2 cores the CPU engine sometimes delivers a whole row in one burst: the client
+    # stamps those bytes with one arrival time, so that row's window has no duration
+    # and no rate (never a made-up one). Every other row is rated.
+    unrated = [r["trace"]["row"] for r in _rows(result) if r["metrics"]["rate_conventional"] is None]
+    assert result.summary.rows_rated == 13 - len(unrated) >= 1
+    for r in _rows(result):
+        if r["trace"]["row"] in unrated:
+            assert "zero_duration" in r["metrics"]["flags"]
+    if unrated:
+        assert any("have no rate" in w for w in result.summary.warnings)
     assert result.count_source == "token_ids"
     assert result.rows_count_match == 13  # reported completion tokens == tokens streamed
     assert result.rows_cached_reported == 13 and result.rows_cached_zero == 13

@@ -201,6 +201,14 @@ def leg_warnings(rows: Sequence[RowMetrics], headline: Convention) -> tuple[str,
                 f"median (rows {_list(odd)}): the mean and stdev are not meaningful; use the median "
                 "and p10."
             )
+    burst = [i for i, m in enumerate(rows) if "zero_duration" in m.flags]
+    if burst:
+        out.append(
+            f"{len(burst)} of {len(rows)} rows have no rate (rows {_list(burst)}): their headline "
+            "window arrived in one read, so it has no duration to divide by. The server "
+            "delivered those tokens in one burst (on a CPU engine: the API server starved of "
+            "CPU); the headline is the median of the other rows."
+        )
     short = [i for i, m in enumerate(rows) if m.short]
     if short:
         out.append(
