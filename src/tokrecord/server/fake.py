@@ -64,7 +64,6 @@ import math
 import os
 import signal
 import socket
-import socketserver
 import subprocess
 import sys
 import threading
@@ -73,11 +72,12 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import IO, Any, Literal, cast
 
 from tokrecord.errors import ConfigError
+from tokrecord.server.httpd import LocalHTTPServer
 
 ENV_PREFIX = "TOKRECORD_FAKE_"
 DEFAULT_MODEL = "tokrecord-fake"
@@ -603,7 +603,7 @@ def _metric(
         lines.append(f"{name}{{{rendered}}} {float(value)!r}")
 
 
-class FakeServer(ThreadingHTTPServer):
+class FakeServer(LocalHTTPServer):
     """The HTTP server with its counters and log; `serve` runs one in the foreground."""
 
     daemon_threads = True
@@ -622,13 +622,6 @@ class FakeServer(ThreadingHTTPServer):
             self.events.close()
             raise
 
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind resolves the host's FQDN, a DNS lookup that can
-        # stall for seconds on a machine without network; the name is not needed.
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name = str(host)
-        self.server_port = int(port)
 
     def server_close(self) -> None:
         super().server_close()

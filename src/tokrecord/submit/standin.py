@@ -38,7 +38,6 @@ import hashlib
 import json
 import math
 import re
-import socketserver
 import sys
 import threading
 import time
@@ -46,10 +45,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import IO, Any, cast
 
+from tokrecord.server.httpd import LocalHTTPServer
 from tokrecord.submit.contract import KEY_PATTERN, SpeedTest, issues
 
 OPENAPI = "/api/openapi.json"
@@ -128,7 +128,7 @@ def _utc_ms() -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
 
 
-class StandinServer(ThreadingHTTPServer):
+class StandinServer(LocalHTTPServer):
     daemon_threads = True
 
     def __init__(self, config: StandinConfig) -> None:
@@ -143,12 +143,6 @@ class StandinServer(ThreadingHTTPServer):
             self.close_log()
             raise
 
-    def server_bind(self) -> None:
-        # Skip HTTPServer's FQDN lookup: a DNS stall on a machine without network.
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name = str(host)
-        self.server_port = int(port)
 
     @property
     def url(self) -> str:
