@@ -94,6 +94,16 @@ class RunDir:
         return JsonlWriter(open(self.path / name, "xb"))
 
 
+def read_json(path: Path, error: type[Exception]) -> Any:
+    """A JSON file; a missing, unreadable or malformed one is `error` naming the path."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise error(f"cannot read {path}: {exc.strerror}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{path}: not JSON: {exc}") from exc
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]

@@ -137,6 +137,7 @@ def abba_record(
         plan.prior.value_tok_s, boot, plan.verdict.require_faster_for_record,
     )
     first = rows["A1"]
+    hw = {name: hardware(r) for name, r in results.items()}  # each leg's hardware.json, once
     tries = {name: sum(1 for a in attempts if a.get("leg") == name) for name in results}
     return {
         "schema": SCHEMA_ABBA,
@@ -183,8 +184,8 @@ def abba_record(
             "cleanup_passed_all_legs": all(_ok(r, "cleanup") for r in legs),
             "idle_before_and_after_all_legs": all(_ok(r, "idle_before") and _ok(r, "idle_after")
                                                   for r in legs),
-            "same_hardware_all_legs": len({json.dumps(hardware(r), sort_keys=True)
-                                           for r in legs}) == 1,
+            "same_hardware_all_legs": len({json.dumps(h, sort_keys=True)
+                                           for h in hw.values()}) == 1,
             "all_legs_valid": all_valid,
             "retries": sum(max(0, n - 1) for n in tries.values()),
             "full_abba_causal_pass": quality_ok and gate.pairs_passed,
@@ -200,7 +201,7 @@ def abba_record(
         "operational": operational(results, idle_gaps),
         "reproducibility": reproducibility(exp_dir),
         "source": identity_summary(exp_dir),
-        "hardware": hardware(results["A1"]),
+        "hardware": hw["A1"],
         "artifacts": {"root": str(exp_dir)},
         "submission": {},
     }

@@ -102,24 +102,28 @@ def _load_json(path: Path, base: Path, problems: list[Problem]) -> Any:
         return None
 
 
-def _leg_config(run_dir: Path, base: Path, problems: list[Problem]) -> LegConfig | None:
+def _leg_config(run_dir: Path, base: Path, problems: list[Problem]
+                ) -> tuple[LegConfig | None, bool]:
+    """The leg's configuration, and whether it predates idle gates and telemetry
+    (see _ADDED_LATER)."""
     raw = _load_json(run_dir / "config.json", base, problems)
     if raw is None:
-        return None
+        return None, False
+    legacy = "idle" not in raw.get("leg", {})
     try:
         rows = parse_suite((run_dir / "suite.jsonl").read_bytes(), "suite.jsonl").rows
         suite = Suite(name=raw["suite"]["name"], sha256=raw["suite"]["sha256"], rows=rows)
-        return LegConfig.model_validate({**raw["leg"], "suite": suite})
+        return LegConfig.model_validate({**raw["leg"], "suite": suite}), legacy
     except (OSError, KeyError, TokrecordError, ValueError) as exc:
         problems.append(Problem(file=_rel(run_dir / "config.json", base), field="(file)",
                                 message=f"cannot rebuild the leg configuration: {exc}"))
-        return None
+        return None, legacy
 
 
 def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | None]:
     """Recompute one leg from its raw evidence; compare with what it recorded."""
     problems: list[Problem] = []
-    config = _leg_config(run_dir, base, problems)
+    config, legacy = _leg_config(run_dir, base, problems)
     summary_raw = _load_json(run_dir / "summary.json", base, problems)
     rows_raw = _load_json(run_dir / "rows.json", base, problems)
     gates_raw = _load_json(run_dir / "gates.json", base, problems)
@@ -167,8 +171,6 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
                if cleanup_raw else None)
     teacher = load_teacher(run_dir / "teacher.json") if (run_dir / "teacher.json").exists() else None
     log = run_dir / "server.log"
-    # A leg whose config predates idle gates and telemetry (see _ADDED_LATER).
-    legacy = "idle" not in (_load_json(run_dir / "config.json", base, []) or {}).get("leg", {})
     idle_raw = _load_json(run_dir / "idle.json", base, problems) \
         if (run_dir / "idle.json").exists() else {}
     idle: dict[str, IdleResult | None] = {

@@ -24,6 +24,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from tokrecord.errors import ConfigError
+from tokrecord.evidence import read_json
 from tokrecord.experiment.leg import LegResult, RowRecord, load_rows
 
 from . import fmt
@@ -81,12 +82,7 @@ class NullReportObserver:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: not JSON: {exc}") from exc
+    return read_json(path, ConfigError)
 
 
 def _maybe_json(path: Path) -> Any:

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from tokrecord.errors import TokrecordError
-from tokrecord.evidence import canonical_json
+from tokrecord.evidence import canonical_json, read_json
 from tokrecord.evidence.seal import MANIFEST_NAME, Problem
+from tokrecord.identity import sha256_file
 from tokrecord.record import SCHEMA_ABBA, SCHEMA_SINGLE
 
 
@@ -99,18 +100,13 @@ def median_low(values: Sequence[int | None]) -> int | None:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SubmitError(f"cannot read {path}: {exc.strerror}") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SubmitError(f"{path}: not JSON: {exc}") from exc
+    return read_json(path, SubmitError)
 
 
 def manifest_sha256(record_dir: Path) -> str:
     path = record_dir / MANIFEST_NAME
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return sha256_file(path)
     except OSError as exc:
         raise SubmitError(f"{record_dir} is not sealed (no {MANIFEST_NAME}): {exc.strerror}") from exc
 

@@ -36,6 +36,7 @@ from tokrecord.evidence.seal import (
     verify_seal,
     write_addendum,
 )
+from tokrecord.identity import sha256_file
 from tokrecord.submit.facts import RecordFacts, SubmitError, Verifier, load_facts
 from tokrecord.submit.facts import verify_record as default_verify
 from tokrecord.submit.ledger import Ledger, normalise_url
@@ -103,8 +104,9 @@ def prepare(record_dir: Path, target: Target, options: PayloadOptions, *, queue:
     body = canonical_json(built.payload) + b"\n"
     path = queue or default_queue_path(record_dir, target.name, body)
     write_queue(path, body)
-    notify(f"queue file {path} (sha256 {hashlib.sha256(body).hexdigest()[:16]}…)")
-    return Prepared(facts, built, body, path)
+    prepared = Prepared(facts, built, body, path)
+    notify(f"queue file {path} (sha256 {prepared.queue_sha256[:16]}…)")
+    return prepared
 
 
 def _schema_notes(payload: Mapping[str, Any], discovery: Discovery) -> list[str]:
@@ -380,7 +382,7 @@ def check(record_dir: Path, target: Target, *, ledger: Ledger | None = None,
         "submission_id": submission_id,
         "record_manifest_sha256": facts.manifest_sha256,
         "receipt_addendum": receipt_dir.name,
-        "receipt_manifest_sha256": hashlib.sha256((receipt_dir / MANIFEST_NAME).read_bytes()).hexdigest(),
+        "receipt_manifest_sha256": sha256_file(receipt_dir / MANIFEST_NAME),
         "checked_utc": exchange.utc,
         "found": found,
         "match": match,
