@@ -184,10 +184,16 @@ def test_abba_faster_candidate_sets_a_record(faster: SimpleNamespace) -> None:
             pct_delta(results[cand].summary.tok_s_out, results[ctrl].summary.tok_s_out), rel=1e-12)
         assert pair["paired_median_delta_pct"] == pytest.approx(5.0, abs=1.5)
         assert pair["candidate_row_wins"].endswith("/5") and pair["passed"] is True
-    boot = record["bootstrap"]
-    assert boot["ratio"] == pytest.approx(1.05, abs=0.015)
-    assert boot["ci_low"] > 1.01 and boot["ci_low"] <= boot["ratio"] <= boot["ci_high"]
-    assert record["verdict"] == "FASTER" == boot["verdict"]
+    assert "bootstrap" not in record and record["schema"] == "tokrecord.experiment-record/v2"
+    va = record["verdict_analysis"]
+    assert va["ratio"] == pytest.approx(1.05, abs=0.015)
+    assert va["ci_low"] > 1.01 and va["ci_low"] <= va["ratio"] <= va["ci_high"]
+    assert va["df"] == 2 and va["blocks"] == 1 and va["legs"] == 4 and va["rows_used"] == 5
+    assert va["leg_noise_df"] == 2 and va["leg_noise_sd_pct"] is not None
+    assert record["verdict"] == "FASTER" == va["verdict"]
+    assert record["protocol"]["design"] == "abba" and record["protocol"]["blocks"] == 1
+    assert record["protocol"]["pairs"] == ["B1_vs_A1", "B2_vs_A2"]
+    assert record["power"] is None
     gate = record["record_gate"]
     heads = [results[n].summary.tok_s_out for n in ("B1", "B2")]
     assert gate["candidate_lower_start_tok_s"] == min(heads)
@@ -304,7 +310,7 @@ def test_a_a_experiment_makes_no_record(tmp_path: Path) -> None:
     assert all(r.valid for r in results.values())
     for pair in record["pair_results"].values():
         assert pair["headline_delta_pct"] == pytest.approx(0.0, abs=1.5)
-    assert record["bootstrap"]["ratio"] == pytest.approx(1.0, abs=0.015)
+    assert record["verdict_analysis"]["ratio"] == pytest.approx(1.0, abs=0.015)
     assert record["verdict"] != "FASTER"
     gate = record["record_gate"]
     assert record["status"] == "no_record"

@@ -8,7 +8,7 @@ import pytest
 
 from tokrecord.client import Endpoint
 from tokrecord.errors import ConfigError
-from tokrecord.experiment.plan import ABBA_ORDER, SCHEMA_PLAN, Design, Plan, load_plan
+from tokrecord.experiment.plan import SCHEMA_PLAN, Design, Plan, load_plan
 from tokrecord.metrics import Convention
 
 MINIMAL = """\
@@ -38,7 +38,7 @@ def test_minimal_abba_plan(tmp_path: Path) -> None:
     assert isinstance(plan, Plan)
     assert plan.name == "qknorm-stack"
     assert plan.design is Design.ABBA
-    assert plan.legs == ABBA_ORDER
+    assert plan.legs == (("A1", "control"), ("B1", "candidate"), ("B2", "candidate"), ("A2", "control"))
     assert [n for n, _ in plan.legs] == ["A1", "B1", "B2", "A2"]
     assert [a for _, a in plan.legs] == ["control", "candidate", "candidate", "control"]
     assert plan.arms["control"].env == {"FLAG": "0"}

@@ -18,11 +18,12 @@ from tokrecord.errors import ConfigError
 from tokrecord.evidence.seal import load_or_create_key
 from tokrecord.experiment.plan import parse_plan
 from tokrecord.experiment.runner import build_record, finish, run_experiment
-from tokrecord.record import SCHEMA_ABBA, SCHEMA_SINGLE
+from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
 from tokrecord.record.schema import (
     SCHEMA_ID,
     SCHEMA_URL,
     ExperimentRecord,
+    ExperimentRecordV2,
     SingleLegRecord,
     record_json_schema,
     record_json_schema_text,
@@ -95,14 +96,17 @@ def test_schema_header_and_required_keys() -> None:
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     defs = schema["$defs"]
     assert {d["$ref"] for d in schema["oneOf"]} == {"#/$defs/ExperimentRecord",
+                                                    "#/$defs/ExperimentRecordV2",
                                                     "#/$defs/SingleLegRecord"}
-    assert defs["ExperimentRecord"]["properties"]["schema"]["const"] == SCHEMA_ABBA
+    assert defs["ExperimentRecordV2"]["properties"]["schema"]["const"] == SCHEMA_ABBA
+    assert defs["ExperimentRecord"]["properties"]["schema"]["const"] == SCHEMA_ABBA_V1
     assert defs["SingleLegRecord"]["properties"]["schema"]["const"] == SCHEMA_SINGLE
     for name, definition in defs.items():
         if "properties" not in definition:
             continue
         assert definition["additionalProperties"] is False, name
-        optional = {"seal"} if name in ("ExperimentRecord", "SingleLegRecord") else set()
+        optional = ({"seal"} if name in ("ExperimentRecord", "ExperimentRecordV2", "SingleLegRecord")
+                    else set())
         assert set(definition["required"]) == set(definition["properties"]) - optional, name
         assert not any("default" in p for p in definition["properties"].values()), name
     # the seal is optional, but never null
@@ -117,9 +121,9 @@ def test_abba_record_validates(abba: tuple[dict[str, Any], dict[str, Any]]) -> N
     assert "seal" not in built
     for record in (built, written):
         model = validate_record(record)
-        assert isinstance(model, ExperimentRecord)
+        assert isinstance(model, ExperimentRecordV2)
     model = validate_record(written)
-    assert isinstance(model, ExperimentRecord)
+    assert isinstance(model, ExperimentRecordV2)
     assert model.seal is not None
     assert model.model_dump(mode="json", by_alias=True, exclude_none=False).keys() == written.keys()
 
@@ -165,6 +169,12 @@ ABBA_BREAKS = [
     ("missing section", "quality", _DELETE, "quality"),
     ("missing nested key", "protocol.metric", _DELETE, "protocol.metric"),
     ("missing leg", "runs.A2", _DELETE, "runs.A2"),
+    ("leg the design lacks", "runs.A3", {}, "runs.A3"),
+    ("missing pair", "pair_results.B2_vs_A2", _DELETE, "pair_results.B2_vs_A2"),
+    ("bad leg name", "runs.C1", {}, "runs.C1"),
+    ("bad design", "protocol.design", "abab", "protocol.design"),
+    ("missing verdict analysis", "verdict_analysis", _DELETE, "verdict_analysis"),
+    ("bad analysis df", "verdict_analysis.df", "2", "verdict_analysis.df"),
     ("missing key the model defaults", "pair_results.B1_vs_A1.failed_criteria", _DELETE,
      "pair_results.B1_vs_A1.failed_criteria"),
     ("missing key the model defaults, deeper", "treatment.control.description", _DELETE,
@@ -225,7 +235,7 @@ def test_broken_single_record_fails_naming_the_key(
 def test_schema_key_decides_the_form(abba: tuple[dict[str, Any], dict[str, Any]]) -> None:
     _, written = abba
     with pytest.raises(ConfigError, match=r"key 'schema'"):
-        validate_record(_broken(written, "schema", "tokrecord.experiment-record/v2"))
+        validate_record(_broken(written, "schema", "tokrecord.experiment-record/v9"))
     with pytest.raises(ConfigError, match=r"key 'schema'"):
         validate_record(_broken(written, "schema", _DELETE))
     # an ABBA record labelled single-leg fails on the first key a single-leg record lacks

@@ -352,7 +352,7 @@ def seed_gate(**overrides: object):  # type: ignore[no-untyped-def]
         "candidates": [seed_leg("B1"), seed_leg("B2")],
         "controls": [seed_leg("A1"), seed_leg("A2")],
         "pairs": GOOD_PAIRS, "quality_passed": True, "prior": SEED_PRIOR,
-        "bootstrap": boot(Verdict.FASTER), "require_faster": True,
+        "found": Verdict.FASTER, "require_faster": True,
     }
     args.update(overrides)
     return record_gate(**args)  # type: ignore[arg-type]
@@ -384,9 +384,9 @@ def test_record_gate_order_of_legs_does_not_matter() -> None:
 
 
 def test_record_gate_without_required_verdict() -> None:
-    gate = seed_gate(bootstrap=None, require_faster=False)
+    gate = seed_gate(found=None, require_faster=False)
     assert gate.strict_preregistered_record_pass and gate.reasons == () and gate.verdict is None
-    gate = seed_gate(bootstrap=boot(Verdict.NO_DIFFERENCE), require_faster=False)
+    gate = seed_gate(found=Verdict.NO_DIFFERENCE, require_faster=False)
     assert gate.strict_preregistered_record_pass and gate.verdict is Verdict.NO_DIFFERENCE
 
 
@@ -397,10 +397,10 @@ def test_record_gate_without_required_verdict() -> None:
         ({"pairs": [passed_pair("B1", "A1"), passed_pair("B2", "A2", passed=False)]},
          "not every pair passed its preregistered criteria"),
         ({"pairs": []}, "not every pair passed its preregistered criteria"),
-        ({"bootstrap": None}, "verdict is not computed, not FASTER"),
-        ({"bootstrap": boot(Verdict.NO_DIFFERENCE)}, "verdict is NO DIFFERENCE, not FASTER"),
-        ({"bootstrap": boot(Verdict.UNDECIDED)}, "verdict is UNDECIDED, not FASTER"),
-        ({"bootstrap": boot(Verdict.SLOWER)}, "verdict is SLOWER, not FASTER"),
+        ({"found": None}, "verdict is not computed, not FASTER"),
+        ({"found": Verdict.NO_DIFFERENCE}, "verdict is NO DIFFERENCE, not FASTER"),
+        ({"found": Verdict.UNDECIDED}, "verdict is UNDECIDED, not FASTER"),
+        ({"found": Verdict.SLOWER}, "verdict is SLOWER, not FASTER"),
         ({"prior": 34.0}, "lower candidate headline 33.895 does not beat the prior record 34.000"),
         ({"prior": None}, "no prior record declared in the plan"),
     ],
@@ -435,7 +435,7 @@ def test_candidate_leg_without_headline() -> None:
 
 
 def test_every_reason_is_listed_together() -> None:
-    gate = seed_gate(quality_passed=False, pairs=[], prior=None, bootstrap=None)
+    gate = seed_gate(quality_passed=False, pairs=[], prior=None, found=None)
     assert gate.reasons == (
         "a quality gate did not pass in every leg",
         "not every pair passed its preregistered criteria",

@@ -12,7 +12,7 @@ import hashlib
 import tomllib
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -27,14 +27,39 @@ from tokrecord.probes.telemetry import TelemetryConfig
 
 SCHEMA_PLAN: Final = "tokrecord.plan/v1"
 ArmName = Literal["control", "candidate"]
-ABBA_ORDER: tuple[tuple[str, ArmName], ...] = (
-    ("A1", "control"), ("B1", "candidate"), ("B2", "candidate"), ("A2", "control"))
-PAIRS = (("B1", "A1"), ("B2", "A2"))
 
 
 class Design(StrEnum):
     SINGLE = "single"
     ABBA = "abba"
+    AA = "aa"  # the same arm in every leg, in ABBA positions: the machine's noise floor
+
+
+class DesignLeg(NamedTuple):
+    name: str  # A1 B1 B2 A2 B3 A3 A4 B4 ...
+    block: int  # 1-based
+    treated: bool  # in a B position
+
+
+def abba_design(blocks: int) -> tuple[DesignLeg, ...]:
+    """k counterbalanced blocks: ABBA, BAAB, ABBA, ... Block b holds the legs numbered
+    2b-1 and 2b of each letter, so its pairs are B(2b-1) vs A(2b-1) and B(2b) vs A(2b);
+    within a block a linear drift is orthogonal to the treatment."""
+    legs = []
+    for b in range(1, blocks + 1):
+        pattern = "ABBA" if b % 2 else "BAAB"
+        seen = {"A": 0, "B": 0}
+        for letter in pattern:
+            number = 2 * b - 1 + seen[letter]
+            seen[letter] += 1
+            legs.append(DesignLeg(f"{letter}{number}", b, letter == "B"))
+    return tuple(legs)
+
+
+def abba_pairs(blocks: int) -> tuple[tuple[str, str], ...]:
+    """(candidate leg, control leg) pairs, in block order: B1 vs A1, B2 vs A2, B3 vs A3..."""
+    return tuple((f"B{n}", f"A{n}") for n in range(1, 2 * blocks + 1))
+
 
 
 class _Strict(BaseModel):
@@ -79,20 +104,39 @@ class Criteria(_Strict):
 
 
 class VerdictSpec(_Strict):
-    """The paired bootstrap and the thresholds of the verdict."""
+    """The verdict's confidence and thresholds (and the legacy bootstrap's settings)."""
 
     confidence: float = Field(default=0.95, gt=0.5, lt=1)
     bootstrap_samples: int = Field(default=10_000, ge=100)
-    seed: int = 0
+    seed: int = 0  # the bootstrap's, for records of tokrecord.experiment-record/v1
     # A confidence interval inside ±equivalence_pct of no change is NO DIFFERENCE.
     equivalence_pct: float = Field(default=1.0, ge=0)
     require_faster_for_record: bool = True
+
+
+class NoisePlan(_Strict):
+    """The noise the power is computed from: figures given, or earlier records (an A/A
+    record is the machine's own noise floor). Records win over figures when both exist."""
+
+    sd_leg_pct: float | None = Field(default=None, ge=0)
+    sd_row_pct: float | None = Field(default=None, ge=0)
+    from_records: tuple[str, ...] = ()  # paths, relative to the plan file
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> NoisePlan:
+        if (self.sd_leg_pct is None) != (self.sd_row_pct is None):
+            raise ValueError("give both sd_leg_pct and sd_row_pct, or neither")
+        return self
 
 
 class Plan(_Strict):
     schema_id: Literal["tokrecord.plan/v1"] = Field(default=SCHEMA_PLAN, alias="schema")
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     design: Design = Design.ABBA
+    blocks: int = Field(default=1, ge=1, le=50)  # ABBA blocks (abba and aa designs)
+    # The smallest effect worth claiming, in %: its power is written into the preregistration.
+    min_effect_pct: float | None = Field(default=None, gt=0)
+    noise: NoisePlan | None = None
     server: ServerPlan
     arms: dict[ArmName, Arm]
     suite: str | None = None  # path (relative to the plan file) or None: built-in
@@ -117,17 +161,39 @@ class Plan(_Strict):
 
     @model_validator(mode="after")
     def _arms_fit_design(self) -> Plan:
+        if self.design is Design.AA:
+            if len(self.arms) != 1:
+                raise ValueError(f"design 'aa' runs one arm in every leg; this plan has "
+                                 f"{len(self.arms)} ({', '.join(sorted(self.arms))})")
+            return self
         needed = {"candidate"} if self.design is Design.SINGLE else {"control", "candidate"}
         missing = needed - set(self.arms)
         if missing:
             raise ValueError(f"design {self.design.value!r} needs arms {sorted(needed)}; "
                              f"missing {sorted(missing)}")
+        if self.design is Design.SINGLE and self.blocks != 1:
+            raise ValueError("design 'single' has one leg: blocks must be 1")
         return self
 
     @property
+    def design_legs(self) -> tuple[DesignLeg, ...]:
+        if self.design is Design.SINGLE:
+            return (DesignLeg("B1", 1, True),)
+        return abba_design(self.blocks)
+
+    @property
     def legs(self) -> tuple[tuple[str, ArmName], ...]:
-        """(leg name, arm) in design order."""
-        return ABBA_ORDER if self.design is Design.ABBA else (("B1", "candidate"),)
+        """(leg name, arm) in design order. An A/A plan's one arm runs in every position."""
+        if self.design is Design.AA:
+            only = next(iter(self.arms))
+            return tuple((leg.name, only) for leg in self.design_legs)
+        return tuple((leg.name, "candidate" if leg.treated else "control")
+                     for leg in self.design_legs)
+
+    @property
+    def pairs(self) -> tuple[tuple[str, str], ...]:
+        """(candidate-position leg, control-position leg); none for a single leg."""
+        return () if self.design is Design.SINGLE else abba_pairs(self.blocks)
 
     def canonical(self) -> bytes:
         # Sections added after plans were first sealed are left out while they hold
@@ -142,8 +208,8 @@ class Plan(_Strict):
         return hashlib.sha256(self.canonical()).hexdigest()
 
 
-_LATER_DEFAULTS: Final[dict[str, BaseModel]] = {"idle": IdleCriteria(),
-                                                 "telemetry": TelemetryConfig()}
+_LATER_DEFAULTS: Final[dict[str, Any]] = {"idle": IdleCriteria(), "telemetry": TelemetryConfig(),
+                                           "blocks": 1, "min_effect_pct": None, "noise": None}
 _ADDED_LATER: Final = tuple(_LATER_DEFAULTS)
 
 
@@ -160,9 +226,20 @@ def _friendly(source: str, exc: ValidationError) -> str:
 
 def parse_plan(data: dict[str, Any], source: str) -> Plan:
     try:
-        return Plan.model_validate(data)
+        plan = Plan.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_friendly(source, exc)) from exc
+    if plan.min_effect_pct is not None and not has_noise(plan):
+        raise ConfigError(
+            f"{source}: key 'min_effect_pct': its power cannot be computed: no noise given. "
+            "Add [noise] sd_leg_pct and sd_row_pct, or noise.from_records = [earlier records] "
+            "(an A/A record is best); `tokrecord plan power` shows what they give")
+    return plan
+
+
+def has_noise(plan: Plan) -> bool:
+    n = plan.noise
+    return n is not None and (n.sd_leg_pct is not None or bool(n.from_records))
 
 
 def load_plan(path: Path) -> Plan:
@@ -181,4 +258,7 @@ def load_plan(path: Path) -> Plan:
         updates["suite"] = str((base / plan.suite).resolve())
     if plan.teacher not in (None, "capture"):
         updates["teacher"] = str((base / str(plan.teacher)).resolve())
+    if plan.noise is not None and plan.noise.from_records:
+        updates["noise"] = plan.noise.model_copy(update={"from_records": tuple(
+            str((base / p).resolve()) for p in plan.noise.from_records)})
     return plan.model_copy(update=updates) if updates else plan

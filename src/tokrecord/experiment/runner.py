@@ -2,6 +2,7 @@
 
 Layout of an experiment directory (append-only; nothing is rewritten):
     plan.json, plan.sha256, plan.toml      the preregistration, before any leg
+    power.json                             the power for the plan's min_effect_pct, when declared
     experiment.jsonl                       the state log: every event, in order
     teacher/attempt-1/, teacher.json       when the plan captures its teacher
     A1/attempt-1/, B1/attempt-1/, ...      one run dir per leg attempt
@@ -38,11 +39,13 @@ from tokrecord.experiment.leg import (
     teacher_from_run,
 )
 from tokrecord.experiment.plan import ArmName, Plan
+from tokrecord.experiment.power import plan_noise, power_report
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.identity import IdentitySpec, collect_identity
 from tokrecord.suite import Suite, load_suite
 
 STATE = "experiment.jsonl"
+POWER_FILE = "power.json"
 
 
 class ExperimentObserver(LegObserver, Protocol):
@@ -180,6 +183,13 @@ def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
     state = _State(state_path)
     state.append("preregistered", plan_sha256=plan.sha256, name=plan.name,
                  design=plan.design.value, legs=[n for n, _ in plan.legs])
+    if plan.min_effect_pct is not None:
+        report = power_report(plan, plan_noise(plan, str(exp_dir / "plan.json")),
+                              len(plan_suite(plan)))
+        with open(exp_dir / POWER_FILE, "xb") as fh:
+            fh.write(canonical_json(report.model_dump(mode="json")) + b"\n")
+        state.append("power_computed", path=POWER_FILE, min_effect_pct=plan.min_effect_pct,
+                     power=report.min_effect_power, blocks=plan.blocks)
     identity = collect_identity(_identity_spec(plan), exp_dir / "identity", engine_python(plan))
     with open(exp_dir / "identity.json", "xb") as fh:
         fh.write(canonical_json(identity.model_dump(mode="json")) + b"\n")
@@ -349,10 +359,12 @@ def idle_gaps(exp_dir: Path) -> dict[str, float]:
             for e in read_jsonl(exp_dir / STATE) if e["event"] == "idle_gap"}
 
 
-def build_record(plan: Plan, exp_dir: Path, results: dict[str, LegResult]) -> dict[str, Any]:
-    """The record of a finished experiment, from its legs' evidence."""
+def build_record(plan: Plan, exp_dir: Path, results: dict[str, LegResult],
+                 schema: str | None = None) -> dict[str, Any]:
+    """The record of a finished experiment, from its legs' evidence; `schema` names an
+    older record form when an older record is recomputed (verify)."""
     from tokrecord.experiment.leg import load_rows, outcomes
-    from tokrecord.record import abba_record, single_leg_record
+    from tokrecord.record import SCHEMA_ABBA, abba_record, single_leg_record
 
     suite = plan_suite(plan)
     tries = attempts_log(exp_dir)
@@ -361,4 +373,7 @@ def build_record(plan: Plan, exp_dir: Path, results: dict[str, LegResult]) -> di
     rows = {name: load_rows(Path(r.run_dir)) for name, r in results.items()}
     outs = {name: outcomes(rows[name], leg_config(plan, suite, name, results[name].arm, 1))  # type: ignore[arg-type]
             for name in results}
-    return abba_record(plan, results, rows, outs, tries, idle_gaps(exp_dir), exp_dir)
+    power_path = exp_dir / POWER_FILE
+    power = json.loads(power_path.read_text(encoding="utf-8")) if power_path.exists() else None
+    return abba_record(plan, results, rows, outs, tries, idle_gaps(exp_dir), exp_dir, power,
+                       schema or SCHEMA_ABBA)

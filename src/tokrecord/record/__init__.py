@@ -17,19 +17,27 @@ from pathlib import Path
 from typing import Any
 
 from tokrecord.experiment.leg import LegResult, RowRecord
-from tokrecord.experiment.plan import PAIRS, Plan
+from tokrecord.experiment.plan import Design, Plan, abba_pairs
 from tokrecord.experiment.stats import (
+    AnalysisLeg,
     LegFigures,
+    Verdict,
+    leg_analysis,
     pair_result,
     paired_bootstrap,
     pct_delta,
     record_gate,
 )
+from tokrecord.errors import ConfigError
 from tokrecord.gates import GateResult, GateStatus, RowOutcome, cross_leg_exact
 from tokrecord.identity import sha256_file
 from tokrecord.metrics import EngineCounters
 
-SCHEMA_ABBA = "tokrecord.experiment-record/v1"
+# v2: k blocks, the A/A design, the leg-level verdict (`verdict_analysis`) and the
+# preregistered power. v1 (one ABBA block, the paired bootstrap) is still built
+# exactly as it was, so that records made before v2 verify.
+SCHEMA_ABBA = "tokrecord.experiment-record/v2"
+SCHEMA_ABBA_V1 = "tokrecord.experiment-record/v1"
 SCHEMA_SINGLE = "tokrecord.single-leg-record/v1"
 EVIDENCE_FILES = ("summary.json", "rows.json", "events.jsonl", "gates.json", "config.json",
                   "server.log", "cleanup.json", "metrics-before.prom", "metrics-after.prom",
@@ -124,23 +132,42 @@ def abba_record(
     attempts: Sequence[Mapping[str, Any]],
     idle_gaps: Mapping[str, float],
     exp_dir: Path,
+    power: Mapping[str, Any] | None = None,
+    schema: str = SCHEMA_ABBA,
 ) -> dict[str, Any]:
+    """An ABBA or A/A experiment's record, in the form `schema` names (v2 unless an
+    older record is being recomputed)."""
+    if schema not in (SCHEMA_ABBA, SCHEMA_ABBA_V1):
+        raise ConfigError(f"unknown experiment record schema {schema!r}")
+    v1 = schema == SCHEMA_ABBA_V1
+    design = plan.design_legs
     figs = {name: figures(results[name], rows[name]) for name in results}
-    pairs = {f"{c}_vs_{a}": pair_result(figs[c], figs[a], plan.criteria) for c, a in PAIRS}
-    boot = paired_bootstrap([(figs[c], figs[a]) for c, a in PAIRS], plan.verdict)
+    pair_names = abba_pairs(1) if v1 else plan.pairs
+    pairs = {f"{c}_vs_{a}": pair_result(figs[c], figs[a], plan.criteria) for c, a in pair_names}
+    boot = paired_bootstrap([(figs[c], figs[a]) for c, a in pair_names], plan.verdict) if v1 \
+        else None
+    analysis = None if v1 else leg_analysis(
+        [AnalysisLeg(figures=figs[leg.name], block=leg.block, treated=leg.treated)
+         for leg in design], plan.verdict.confidence, plan.verdict.equivalence_pct)
+    found = boot.verdict if boot else analysis.verdict if analysis else Verdict.UNDECIDED
     cross = cross_leg_exact({name: outcomes[name] for name in results})
     legs = list(results.values())
     all_valid = all(r.valid for r in legs)
     quality_ok = all_valid and cross.status is GateStatus.PASS
     gate = record_gate(
-        [figs["B1"], figs["B2"]], [figs["A1"], figs["A2"]], list(pairs.values()), quality_ok,
-        plan.prior.value_tok_s, boot, plan.verdict.require_faster_for_record,
+        [figs[leg.name] for leg in design if leg.treated],
+        [figs[leg.name] for leg in design if not leg.treated], list(pairs.values()), quality_ok,
+        plan.prior.value_tok_s, found if boot or analysis else None,
+        plan.verdict.require_faster_for_record,
+        claim=None if plan.design is not Design.AA
+        else "an A/A design measures the noise floor; it makes no speed claim",
     )
-    first = rows["A1"]
+    first = rows[design[0].name]
+    candidates = [results[leg.name] for leg in design if leg.treated]
     hw = {name: hardware(r) for name, r in results.items()}  # each leg's hardware.json, once
     tries = {name: sum(1 for a in attempts if a.get("leg") == name) for name in results}
-    return {
-        "schema": SCHEMA_ABBA,
+    out = {
+        "schema": schema,
         "experiment": plan.name,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         "status": "strict_preregistered_record_pass" if gate.strict_preregistered_record_pass
@@ -191,20 +218,29 @@ def abba_record(
             "full_abba_causal_pass": quality_ok and gate.pairs_passed,
         },
         "bootstrap": boot.model_dump(mode="json") if boot else None,
-        "verdict": boot.verdict.value if boot else "UNDECIDED",
+        "verdict": found.value,
         "record_gate": gate.model_dump(mode="json"),
         "metric_accounting": accounting(
-            plan, min((results["B1"], results["B2"]),
+            plan, min(candidates,
                       key=lambda r: r.summary.tok_s_out if r.summary.tok_s_out is not None
                       else float("inf"))),
         "log_facts": log_facts(results),
         "operational": operational(results, idle_gaps),
         "reproducibility": reproducibility(exp_dir),
         "source": identity_summary(exp_dir),
-        "hardware": hw["A1"],
+        "hardware": hw[design[0].name],
         "artifacts": {"root": str(exp_dir)},
         "submission": {},
     }
+    if v1:
+        return out
+    del out["bootstrap"]
+    out["protocol"] = {**out["protocol"], "design": plan.design.value, "blocks": plan.blocks,
+                       "pairs": [f"{c}_vs_{a}" for c, a in pair_names]}
+    out["treatment"] = {name: arm.model_dump(mode="json") for name, arm in plan.arms.items()}
+    out["verdict_analysis"] = analysis.model_dump(mode="json") if analysis else None
+    out["power"] = dict(power) if power is not None else None
+    return out
 
 
 def hardware(result: LegResult) -> dict[str, Any] | None:

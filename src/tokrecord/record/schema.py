@@ -37,11 +37,18 @@ from pydantic_core import ErrorDetails
 
 from tokrecord.errors import ConfigError
 from tokrecord.experiment.plan import Arm, ArmName
-from tokrecord.experiment.stats import BootstrapResult, PairResult, RecordGate, Verdict
+from tokrecord.experiment.power import PowerReport
+from tokrecord.experiment.stats import (
+    BootstrapResult,
+    PairResult,
+    RecordGate,
+    Verdict,
+    VerdictAnalysis,
+)
 from tokrecord.gates import GateResult, GateStatus
 from tokrecord.metrics import Convention
 from tokrecord.probes.telemetry import TelemetrySummary
-from tokrecord.record import SCHEMA_ABBA, SCHEMA_SINGLE
+from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
 
 SCHEMA_ID: Final = "tokrecord.record/v1"
 SCHEMA_URL: Final = "https://tokrecord.dev/schemas/tokrecord.record/v1.json"
@@ -57,6 +64,9 @@ Count = Annotated[str, StringConstraints(pattern=r"^\d+/\d+$|^not tested$")]
 GateCount = Annotated[str, StringConstraints(pattern=r"^\d+(/\d+)?$")]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 LegName = Literal["A1", "B1", "B2", "A2"]
+# v2: any number of blocks (A1 B1 B2 A2 B3 A3 A4 B4 ...).
+AnyLegName = Annotated[str, StringConstraints(pattern=r"^[AB][1-9][0-9]*$")]
+PairName = Annotated[str, StringConstraints(pattern=r"^B[1-9][0-9]*_vs_A[1-9][0-9]*$")]
 EvidenceName = Literal["summary.json", "rows.json", "events.jsonl", "gates.json", "config.json",
                        "server.log", "cleanup.json", "metrics-before.prom", "metrics-after.prom",
                        "idle.json", "telemetry.jsonl", "hardware.json"]
@@ -333,7 +343,8 @@ class Reproducibility(_Section):
 
 
 class ExperimentRecord(_Record):
-    """``tokrecord.experiment-record/v1``: an ABBA experiment (A1 B1 B2 A2)."""
+    """``tokrecord.experiment-record/v1``: one ABBA block (A1 B1 B2 A2), the paired-bootstrap
+    verdict; written before v2, still read and verified."""
 
     schema_id: Literal["tokrecord.experiment-record/v1"] = Field(alias="schema")
     experiment: str
@@ -349,6 +360,48 @@ class ExperimentRecord(_Record):
     quality: AbbaQuality
     bootstrap: BootstrapResult | None
     verdict: Verdict  # UNDECIDED when no bootstrap could be computed
+    record_gate: RecordGate
+    metric_accounting: HeadlineAccounting
+    log_facts: dict[str, list[LogFact]]
+    operational: Operational
+    reproducibility: Reproducibility
+    source: Source
+    hardware: Hardware | None
+    artifacts: AbbaArtifacts
+    submission: Empty
+
+
+# -- tokrecord.experiment-record/v2 -------------------------------------------------------
+
+
+class AbbaProtocolV2(AbbaProtocol):
+    order: list[Annotated[str, StringConstraints(  # type: ignore[assignment]
+        pattern=r"^[AB][1-9][0-9]*-(control|candidate)$")]]
+    idle_gap_seconds_measured: dict[AnyLegName, float]  # type: ignore[assignment]
+    design: Literal["abba", "aa"]
+    blocks: int = Field(ge=1)
+    pairs: list[PairName]
+
+
+class ExperimentRecordV2(_Record):
+    """``tokrecord.experiment-record/v2``: ABBA (or A/A) over k blocks, with the leg-level
+    verdict (``verdict_analysis``) and the preregistered power."""
+
+    schema_id: Literal["tokrecord.experiment-record/v2"] = Field(alias="schema")
+    experiment: str
+    date: Date
+    status: Literal["strict_preregistered_record_pass", "no_record"]
+    plan_sha256: Sha256
+    prior_approved_record: PriorApprovedRecord
+    treatment: dict[ArmName, Arm]
+    protocol: AbbaProtocolV2
+    runs: dict[AnyLegName, LegBlock]
+    attempts: list[Attempt]
+    pair_results: dict[PairName, PairResult]
+    quality: AbbaQuality
+    verdict_analysis: VerdictAnalysis | None
+    verdict: Verdict
+    power: PowerReport | None  # when the plan declared min_effect_pct
     record_gate: RecordGate
     metric_accounting: HeadlineAccounting
     log_facts: dict[str, list[LogFact]]
@@ -428,18 +481,17 @@ class SingleLegRecord(_Record):
     submission: Empty
 
 
-Record = Annotated[ExperimentRecord | SingleLegRecord, Field(discriminator="schema_id")]
-RECORD_ADAPTER: TypeAdapter[ExperimentRecord | SingleLegRecord] = TypeAdapter(Record)
-_RECORD_MODELS: Final = (ExperimentRecord, SingleLegRecord)
+AnyRecord = ExperimentRecord | ExperimentRecordV2 | SingleLegRecord
+Record = Annotated[AnyRecord, Field(discriminator="schema_id")]
+RECORD_ADAPTER: TypeAdapter[AnyRecord] = TypeAdapter(Record)
+_RECORD_MODELS: Final = (ExperimentRecord, ExperimentRecordV2, SingleLegRecord)
 _OPTIONAL_KEYS: Final = frozenset({"seal"})  # of the record models only
 
 
 # -- validation ---------------------------------------------------------------------------
 
 
-def validate_record(
-    obj: Mapping[str, Any], *, source: str = "record"
-) -> ExperimentRecord | SingleLegRecord:
+def validate_record(obj: Mapping[str, Any], *, source: str = "record") -> AnyRecord:
     """The record as a model; ConfigError naming the first bad key path when it is not one."""
     try:
         text = json.dumps(dict(obj), allow_nan=False)
@@ -452,7 +504,24 @@ def validate_record(
     missing = _first_unset(record, ())
     if missing is not None:
         raise ConfigError(f"{source}: key '{_dotted(missing)}': Field required")
+    if isinstance(record, ExperimentRecordV2):
+        _check_design(record, source)
     return record
+
+
+def _check_design(record: ExperimentRecordV2, source: str) -> None:
+    """v2 names its legs and pairs by the design: each one the protocol names must be there,
+    and no other."""
+    legs = [entry.split("-")[0] for entry in record.protocol.order]
+    for section, names in (("runs", legs), ("pair_results", record.protocol.pairs)):
+        found = getattr(record, section)
+        for name in names:
+            if name not in found:
+                raise ConfigError(f"{source}: key '{section}.{name}': Field required")
+        for name in found:
+            if name not in names:
+                raise ConfigError(f"{source}: key '{section}.{name}': not in the design "
+                                  f"(protocol names {', '.join(names)})")
 
 
 def _describe(source: str, obj: Mapping[str, Any], errors: Sequence[ErrorDetails]) -> str:
@@ -464,7 +533,7 @@ def _describe(source: str, obj: Mapping[str, Any], errors: Sequence[ErrorDetails
     elif first["type"] in ("union_tag_not_found", "union_tag_invalid") and not path:
         path = ("schema",)
         found = "missing" if first["type"] == "union_tag_not_found" else f"{obj.get('schema')!r}"
-        msg = f"{found}; must be {SCHEMA_ABBA!r} or {SCHEMA_SINGLE!r}"
+        msg = f"{found}; must be {SCHEMA_ABBA!r}, {SCHEMA_ABBA_V1!r} or {SCHEMA_SINGLE!r}"
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     return f"{source}: key '{_dotted(path) or '(top level)'}': {msg}{more}"
 
@@ -546,7 +615,8 @@ def record_json_schema() -> dict[str, Any]:
         "$id": SCHEMA_URL,
         "title": SCHEMA_ID,
         "description": "A tokrecord record: an ABBA experiment record "
-        f"({SCHEMA_ABBA}) or a single-leg record ({SCHEMA_SINGLE}), told apart by 'schema'.",
+        f"({SCHEMA_ABBA}, or {SCHEMA_ABBA_V1} as written before k blocks) or a single-leg "
+        f"record ({SCHEMA_SINGLE}), told apart by 'schema'.",
         **generated,
         "$defs": defs,
     }

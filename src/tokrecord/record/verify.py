@@ -316,7 +316,8 @@ def _verify_experiment(exp_dir: Path) -> list[Problem]:
                                     message=f"complete legs found: {sorted(results)}"))
         return problems
     ordered = {name: results[name] for name, _ in plan.legs}  # design order, as when run
-    recomputed = build_record(plan, exp_dir, ordered)
+    # Recomputed in the form the record was written in: a v1 record by the v1 verdict.
+    recomputed = build_record(plan, exp_dir, ordered, schema=recorded.get("schema"))
     recomputed = json.loads(json.dumps(recomputed))  # the same JSON types as the file
     for field, message in diff(recorded, recomputed):
         problems.append(Problem(file="record.json", field=field, message=message))
