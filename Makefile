@@ -9,12 +9,12 @@ BIN := $(VENV)/bin
 # This machine's pip indexes print one warning per missing mirror entry; hide them.
 QUIET_PIP := grep -v 'is ignored: it is neither a file nor a directory' || true
 
-.PHONY: setup engine demo fidelity test test-fast lint schema clean
+.PHONY: setup engine demo fidelity verdict test test-fast lint schema clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -c requirements.lock -e '.[dev]' 2>&1 | $(QUIET_PIP)
-	$(BIN)/python -c "import tokrecord, httpx, pydantic, typer, rich, numpy, psutil, prometheus_client"
+	$(BIN)/python -c "import tokrecord, httpx, pydantic, typer, rich, numpy, scipy, psutil, prometheus_client"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -30,6 +30,11 @@ demo: engine
 # are installed once under ~/.cache/tokrecord/bench). Options: ARGS="--runs 1 --cells 1000".
 fidelity: engine
 	$(BIN)/python -m bench.fidelity $(ARGS)
+
+# Calibration of the verdict: false FASTER, false records, coverage and power over a grid
+# of synthetic experiments, then an A/A and a +3 % experiment on the fake server (~10 min).
+verdict: setup
+	$(BIN)/python -m bench.verdict $(ARGS)
 
 lint: setup
 	$(BIN)/ruff check src tests bench

@@ -253,3 +253,78 @@ def test_plan_sealed_before_idle_gates_keeps_its_hash() -> None:
     # A declared, non-default [idle] is part of the hash.
     strict = plan.model_copy(update={"idle": IdleCriteria(consecutive=13)})
     assert strict.sha256 != registered and b'"consecutive":13' in strict.canonical()
+
+
+# --------------------------------------------------------------------------- k blocks, A/A, power
+
+
+def test_blocks_name_and_counterbalance_the_legs(tmp_path: Path) -> None:
+    plan = load_plan(write(tmp_path, "blocks = 3\n" + MINIMAL))
+    assert [n for n, _ in plan.legs] == ["A1", "B1", "B2", "A2", "B3", "A3", "A4", "B4",
+                                         "A5", "B5", "B6", "A6"]
+    assert [a for n, a in plan.legs] == [
+        "control" if n.startswith("A") else "candidate" for n, _ in plan.legs]
+    assert plan.pairs == (("B1", "A1"), ("B2", "A2"), ("B3", "A3"), ("B4", "A4"), ("B5", "A5"),
+                          ("B6", "A6"))
+    assert [leg.block for leg in plan.design_legs] == [1] * 4 + [2] * 4 + [3] * 4
+
+
+def test_one_block_keeps_the_hash_of_a_plan_without_blocks(tmp_path: Path) -> None:
+    plain = load_plan(write(tmp_path, MINIMAL, "a.toml"))
+    explicit = load_plan(write(tmp_path, "blocks = 1\nrecord_confidence = 0.98\n" + MINIMAL,
+                               "b.toml"))
+    assert plain.sha256 == explicit.sha256
+    assert b'"blocks"' not in plain.canonical()
+    two = load_plan(write(tmp_path, "blocks = 2\n" + MINIMAL, "c.toml"))
+    assert two.sha256 != plain.sha256 and b'"blocks":2' in two.canonical()
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_blocks_below_one_names_file_and_key(tmp_path: Path, value: str) -> None:
+    path = write(tmp_path, f"blocks = {value}\n" + MINIMAL)
+    with pytest.raises(ConfigError, match=rf"{path}: key 'blocks': Input should be greater"):
+        load_plan(path)
+
+
+def test_single_design_has_one_block(tmp_path: Path) -> None:
+    path = write(tmp_path, 'design = "single"\nblocks = 2\n' + MINIMAL)
+    with pytest.raises(ConfigError, match="design 'single' has one leg: blocks must be 1"):
+        load_plan(path)
+
+
+def test_aa_runs_its_one_arm_in_every_position(tmp_path: Path) -> None:
+    text = MINIMAL.split("[arms.candidate]")[0]
+    plan = load_plan(write(tmp_path, 'design = "aa"\nblocks = 2\n' + text))
+    assert plan.design is Design.AA
+    assert [n for n, _ in plan.legs] == ["A1", "B1", "B2", "A2", "B3", "A3", "A4", "B4"]
+    assert {a for _, a in plan.legs} == {"control"}
+    assert plan.pairs[0] == ("B1", "A1") and len(plan.pairs) == 4
+
+
+def test_aa_with_two_arms_names_file_and_arms(tmp_path: Path) -> None:
+    path = write(tmp_path, 'design = "aa"\n' + MINIMAL)
+    with pytest.raises(ConfigError, match=rf"{path}: .*design 'aa' runs one arm in every leg; "
+                       r"this plan has 2 \(candidate, control\)"):
+        load_plan(path)
+
+
+def test_min_effect_without_noise_names_file_and_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "min_effect_pct = 3\n" + MINIMAL)
+    with pytest.raises(ConfigError, match=rf"{path}: key 'min_effect_pct': its power cannot be "
+                       "computed: no noise given"):
+        load_plan(path)
+
+
+def test_noise_needs_both_figures(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "\n[noise]\nsd_leg_pct = 1\n")
+    with pytest.raises(ConfigError, match=r"key 'noise': Value error, give both sd_leg_pct and "
+                       "sd_row_pct"):
+        load_plan(path)
+
+
+def test_noise_records_resolve_against_the_plan_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "min_effect_pct = 2\n" + MINIMAL
+                 + '\n[noise]\nfrom_records = ["runs/aa/record.json"]\n', "sub/plan.toml")
+    plan = load_plan(path)
+    assert plan.noise is not None
+    assert plan.noise.from_records == (str(tmp_path / "sub" / "runs" / "aa" / "record.json"),)

@@ -22,7 +22,6 @@ from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
 from tokrecord.record.schema import (
     SCHEMA_ID,
     SCHEMA_URL,
-    ExperimentRecord,
     ExperimentRecordV2,
     SingleLegRecord,
     record_json_schema,

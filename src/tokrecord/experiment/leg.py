@@ -63,7 +63,13 @@ from tokrecord.probes.telemetry import (
     read_samples,
     summarize_telemetry,
 )
-from tokrecord.server.process import CleanupReport, ServerProcess, free_port, render_argv
+from tokrecord.server.process import (
+    LEG_ENV,
+    CleanupReport,
+    ServerProcess,
+    free_port,
+    render_argv,
+)
 from tokrecord.suite import Suite, SuiteRow
 
 SCHEMA_SUMMARY = "tokrecord.leg-summary/v1"
@@ -285,8 +291,11 @@ def run_leg(
         "suite.jsonl", b"".join(canonical_json(r.model_dump()) + b"\n" for r in config.suite.rows)
     )
     events = run.jsonl("events.jsonl")
+    # The leg's name goes to the server as TOKRECORD_LEG: a wrapper script (or the fake
+    # server's seeded leg jitter) may use it; nothing else is added to the arm's env.
     server = ServerProcess(argv, port=port, host=spec.host, log_path=run.file("server.log"),
-                           env=spec.env, stop_grace_s=spec.stop_grace_s)
+                           env={**spec.env, LEG_ENV: config.name},
+                           stop_grace_s=spec.stop_grace_s)
     records: list[RowRecord] = []
     before: dict[str, float] | None = None
     after: dict[str, float] | None = None

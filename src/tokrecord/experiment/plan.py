@@ -137,6 +137,9 @@ class Plan(_Strict):
     # The smallest effect worth claiming, in %: its power is written into the preregistration.
     min_effect_pct: float | None = Field(default=None, gt=0)
     noise: NoisePlan | None = None
+    # The confidence at which the record gate needs FASTER (the verdict uses
+    # verdict.confidence): 0.98 two-sided keeps false records in A/A at 1 % or less.
+    record_confidence: float = Field(default=0.98, gt=0.5, lt=1)
     server: ServerPlan
     arms: dict[ArmName, Arm]
     suite: str | None = None  # path (relative to the plan file) or None: built-in
@@ -209,7 +212,8 @@ class Plan(_Strict):
 
 
 _LATER_DEFAULTS: Final[dict[str, Any]] = {"idle": IdleCriteria(), "telemetry": TelemetryConfig(),
-                                           "blocks": 1, "min_effect_pct": None, "noise": None}
+                                           "blocks": 1, "min_effect_pct": None, "noise": None,
+                                           "record_confidence": 0.98}
 _ADDED_LATER: Final = tuple(_LATER_DEFAULTS)
 
 

@@ -185,7 +185,7 @@ def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
                  design=plan.design.value, legs=[n for n, _ in plan.legs])
     if plan.min_effect_pct is not None:
         report = power_report(plan, plan_noise(plan, str(exp_dir / "plan.json")),
-                              len(plan_suite(plan)))
+                              len(plan_suite(plan).rows))
         with open(exp_dir / POWER_FILE, "xb") as fh:
             fh.write(canonical_json(report.model_dump(mode="json")) + b"\n")
         state.append("power_computed", path=POWER_FILE, min_effect_pct=plan.min_effect_pct,

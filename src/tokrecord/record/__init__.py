@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tokrecord.errors import ConfigError
 from tokrecord.experiment.leg import LegResult, RowRecord
 from tokrecord.experiment.plan import Design, Plan, abba_pairs
 from tokrecord.experiment.stats import (
@@ -28,7 +29,6 @@ from tokrecord.experiment.stats import (
     pct_delta,
     record_gate,
 )
-from tokrecord.errors import ConfigError
 from tokrecord.gates import GateResult, GateStatus, RowOutcome, cross_leg_exact
 from tokrecord.identity import sha256_file
 from tokrecord.metrics import EngineCounters
@@ -148,8 +148,11 @@ def abba_record(
         else None
     analysis = None if v1 else leg_analysis(
         [AnalysisLeg(figures=figs[leg.name], block=leg.block, treated=leg.treated)
-         for leg in design], plan.verdict.confidence, plan.verdict.equivalence_pct)
+         for leg in design], plan.verdict.confidence, plan.verdict.equivalence_pct,
+        plan.record_confidence)
     found = boot.verdict if boot else analysis.verdict if analysis else Verdict.UNDECIDED
+    # v2: a record needs FASTER at the record's own (higher) confidence.
+    for_record = boot.verdict if boot else analysis.record_verdict if analysis else None
     cross = cross_leg_exact({name: outcomes[name] for name in results})
     legs = list(results.values())
     all_valid = all(r.valid for r in legs)
@@ -157,16 +160,17 @@ def abba_record(
     gate = record_gate(
         [figs[leg.name] for leg in design if leg.treated],
         [figs[leg.name] for leg in design if not leg.treated], list(pairs.values()), quality_ok,
-        plan.prior.value_tok_s, found if boot or analysis else None,
-        plan.verdict.require_faster_for_record,
+        plan.prior.value_tok_s, for_record, plan.verdict.require_faster_for_record,
         claim=None if plan.design is not Design.AA
         else "an A/A design measures the noise floor; it makes no speed claim",
+        found_label="verdict" if v1 else f"verdict at {100 * plan.record_confidence:g} % "
+        "confidence",
     )
     first = rows[design[0].name]
     candidates = [results[leg.name] for leg in design if leg.treated]
     hw = {name: hardware(r) for name, r in results.items()}  # each leg's hardware.json, once
     tries = {name: sum(1 for a in attempts if a.get("leg") == name) for name in results}
-    out = {
+    out: dict[str, Any] = {
         "schema": schema,
         "experiment": plan.name,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),

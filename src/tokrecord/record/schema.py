@@ -375,7 +375,7 @@ class ExperimentRecord(_Record):
 
 
 class AbbaProtocolV2(AbbaProtocol):
-    order: list[Annotated[str, StringConstraints(  # type: ignore[assignment]
+    order: list[Annotated[str, StringConstraints(
         pattern=r"^[AB][1-9][0-9]*-(control|candidate)$")]]
     idle_gap_seconds_measured: dict[AnyLegName, float]  # type: ignore[assignment]
     design: Literal["abba", "aa"]

@@ -6,27 +6,47 @@ import math
 from collections.abc import Mapping, Sequence
 
 from . import fmt
-from .model import Bootstrap, LegView, TelemetryView, Timeline
+from .model import Bootstrap, LegView, PairView, TelemetryView, Timeline
 from .svg import MUTED, Chart, nice_range
 
 # Control legs in blues, candidates in oranges: the ABBA structure reads at a glance.
+# Eight shades each, so two blocks never repeat a colour (the first four are one
+# block's, as before blocks existed).
 _ARM_PALETTES = {
-    "control": ("#1f5fa8", "#6aa3d9", "#0b3d75", "#93c5fd"),
-    "candidate": ("#d35400", "#f0a04b", "#8a3700", "#fdba74"),
+    "control": ("#1f5fa8", "#6aa3d9", "#0b3d75", "#93c5fd", "#2563eb", "#1e3a8a", "#60a5fa",
+                "#3f6e9e"),
+    "candidate": ("#d35400", "#f0a04b", "#8a3700", "#fdba74", "#ea580c", "#7c2d12", "#fb923c",
+                  "#b45309"),
 }
 _OTHER = ("#2e7d32", "#7b1fa2", "#546e7a", "#c2185b", "#00838f", "#5d4037")
+# An A/A design's B positions run the control arm too: green, so they read apart.
+_B_POSITIONS = ("#2e7d32", "#66bb6a", "#1b5e20", "#a5d6a7", "#43a047", "#004d40", "#81c784",
+                "#558b2f")
 SERIES = ("#1f5fa8", "#d35400", "#2e7d32", "#7b1fa2", "#c2185b", "#00838f", "#546e7a")
 WINDOW = "#10b981"
 PERCENT_TICKS = (0.0, 20.0, 40.0, 60.0, 80.0, 100.0)
 
 
+def leg_groups(legs: Sequence[LegView]) -> dict[str, str]:
+    """What a leg is compared as: its arm, or, when every leg of an experiment runs one
+    arm in both A and B positions (an A/A design), its position."""
+    arms = {leg.arm for leg in legs}
+    letters = {leg.name[:1] for leg in legs}
+    if len(legs) > 1 and len(arms) == 1 and letters == {"A", "B"}:
+        return {leg.name: f"{leg.name[:1]} positions" for leg in legs}
+    return {leg.name: leg.arm for leg in legs}
+
+
 def leg_colors(legs: Sequence[LegView]) -> dict[str, str]:
+    groups = leg_groups(legs)
     used: dict[str, int] = {}
     out = {}
     for leg in legs:
-        palette = _ARM_PALETTES.get(leg.arm, _OTHER)
-        i = used.get(leg.arm, 0)
-        used[leg.arm] = i + 1
+        group = groups[leg.name]
+        palette = _B_POSITIONS if group == "B positions" else _ARM_PALETTES.get(
+            "control" if group == "A positions" else group, _OTHER)
+        i = used.get(group, 0)
+        used[group] = i + 1
         out[leg.name] = palette[i % len(palette)]
     return out
 
@@ -184,58 +204,116 @@ def intervals_chart(legs: Sequence[LegView]) -> str | None:
 # --------------------------------------------------------------------------- ABBA
 
 
-def abba_chart(legs: Sequence[LegView]) -> str | None:
+def abba_chart(legs: Sequence[LegView], blocks: int | None = None) -> str | None:
+    """Legs in run order with their headlines; dashed lines join the legs of an arm (of a
+    position in an A/A design). With `blocks` (a v2 record), any number of legs: the
+    blocks are marked, and past one block the ticks name the legs only (the legend the arms)."""
     heads = [(i, leg) for i, leg in enumerate(legs) if leg.tok_s is not None]
     if not heads:
         return None
     colors = leg_colors(legs)
+    groups = leg_groups(legs)
     values = [leg.tok_s for _, leg in heads if leg.tok_s is not None]
-    chart = Chart(title="Legs in run order: headline tok/s", height=280)
+    chart = Chart(title="Legs in run order: headline tok/s", height=280 if blocks is None else 300,
+                  top=28 if blocks is None else 40)
     chart.scales((-0.5, len(legs) - 0.5), _range(values, pad=0.25))
-    by_arm: dict[str, list[tuple[float, float]]] = {}
+    by_group: dict[str, list[tuple[float, float]]] = {}
     for i, leg in heads:
         assert leg.tok_s is not None
-        by_arm.setdefault(leg.arm, []).append((float(i), leg.tok_s))
-    for arm, pts in by_arm.items():
+        by_group.setdefault(groups[leg.name], []).append((float(i), leg.tok_s))
+    for group, pts in by_group.items():
         if len(pts) > 1:
-            chart.path(pts, colors[next(leg.name for leg in legs if leg.arm == arm)], dash="4 4",
-                       width=1.2, title=f"{arm} legs: drift between first and second leg")
+            first = next(leg.name for leg in legs if groups[leg.name] == group)
+            what = ("drift between first and second leg" if len(pts) == 2
+                    else f"drift across its {len(pts)} legs")
+            chart.path(pts, colors[first], dash="4 4", width=1.2, title=f"{group} legs: {what}")
+    if blocks is not None:
+        for b in range(1, blocks + 1):
+            lo, hi = 4 * (b - 1), min(4 * b, len(legs)) - 1
+            if b > 1:
+                chart.vline(lo - 0.5, "#9ca3af")
+            chart.text((lo + hi) / 2, chart.y.hi if chart.y else 0.0,
+                       f"block {b} ({'ABBA' if b % 2 else 'BAAB'})", dy="-0.5em")
     for i, leg in heads:
         assert leg.tok_s is not None
-        chart.dot(i, leg.tok_s, colors[leg.name], r=7,
+        chart.dot(i, leg.tok_s, colors[leg.name], r=7 if len(legs) <= 8 else 5,
                   title=f"{leg.name} ({leg.arm}): {fmt.num(leg.tok_s)} tok/s, p10 {fmt.num(leg.p10)}")
-        chart.text(i, leg.tok_s, fmt.num(leg.tok_s), dy="-1.1em", bold=True, color=colors[leg.name])
+        if len(legs) <= 12:  # past three blocks the labels would overlap: hover for values
+            chart.text(i, leg.tok_s, fmt.num(leg.tok_s, 0 if len(legs) > 4 else 2), dy="-1.1em",
+                       bold=True, color=colors[leg.name])
+    wide = blocks is None or len(legs) <= 4
     chart.axes("leg, in run order", "headline tok/s (median of row rates)",
                xticks=[float(i) for i in range(len(legs))],
-               xtick_labels=[f"{leg.name} ({leg.arm})" for leg in legs])
+               xtick_labels=[f"{leg.name} ({leg.arm})" if wide else leg.name for leg in legs])
+    if not wide:
+        seen: dict[str, str] = {}
+        for leg in legs:
+            seen.setdefault(groups[leg.name], colors[leg.name])
+        chart.legend(list(seen.items()))
+    return chart.render()
+
+
+def pairs_chart(pairs: Sequence[PairView]) -> str | None:
+    """Each pair's headline and paired-median deltas, in block order: whether the effect
+    holds in every block, or one pair carries it."""
+    values = [v for p in pairs for v in (p.headline_delta_pct, p.paired_median_delta_pct)
+              if v is not None]
+    if not values:
+        return None
+    chart = Chart(title="Pairs in block order: candidate vs control, %", height=280)
+    lo, hi = min(min(values), 0.0), max(max(values), 0.0)
+    chart.scales((-0.5, len(pairs) - 0.5), _range([lo, hi], pad=0.15))
+    chart.hline(0.0, MUTED, dash=None)
+    width = 0.36
+    for i, p in enumerate(pairs):
+        for j, (value, color, what) in enumerate(((p.headline_delta_pct, "#d35400", "headline Δ"),
+                                                  (p.paired_median_delta_pct, "#1f5fa8",
+                                                   "paired median Δ"))):
+            if value is None:
+                continue
+            x = i - width + j * width
+            chart.bar(x, x + width * 0.92, 0.0, value, color,
+                      title=f"{p.name}: {what} {fmt.pct(value)}, row wins {p.row_wins}, "
+                            f"{'pass' if p.passed else 'fail'}")
+    chart.axes("pair, in block order", "% (candidate / control - 1)",
+               xticks=[float(i) for i in range(len(pairs))],
+               xtick_labels=[p.name.replace(" vs ", "/") for p in pairs])
+    chart.legend([("headline Δ", "#d35400"), ("paired median Δ", "#1f5fa8")])
     return chart.render()
 
 
 def ci_chart(b: Bootstrap) -> str:
-    eq = b.equivalence_pct / 100
-    lo = min(b.ci_low, 1 - eq, b.ratio)
-    hi = max(b.ci_high, 1 + eq, b.ratio)
+    return interval_chart(b.ratio, b.ci_low, b.ci_high, b.confidence, b.equivalence_pct)
+
+
+def interval_chart(ratio: float, ci_low: float, ci_high: float, confidence: float,
+                   equivalence_pct: float, label: str = "candidate / control") -> str:
+    """The ratio on a line with its interval and the equivalence band around 1."""
+    eq = equivalence_pct / 100
+    lo = min(ci_low, 1 - eq, ratio)
+    hi = max(ci_high, 1 + eq, ratio)
     pad = (hi - lo) * 0.15 or 0.05
-    chart = Chart(title="Candidate / control with its confidence interval", height=150, top=24,
-                  bottom=40)
+    chart = Chart(title=f"{label[:1].upper()}{label[1:]} with its confidence interval", height=150,
+                  top=24, bottom=40)
     chart.scales(nice_range(lo - pad, hi + pad), (0.0, 1.0))
     chart.xband(1 - eq, 1 + eq, "#9ca3af", opacity=0.25)
     chart.vline(1.0, MUTED, dash=None)
-    chart.path([(b.ci_low, 0.5), (b.ci_high, 0.5)], "#111827", width=2.5,
-               title=f"{100 * b.confidence:.0f} % CI [{b.ci_low:.4f}, {b.ci_high:.4f}]")
-    for x in (b.ci_low, b.ci_high):
+    chart.path([(ci_low, 0.5), (ci_high, 0.5)], "#111827", width=2.5,
+               title=f"{100 * confidence:.0f} % CI [{ci_low:.4f}, {ci_high:.4f}]")
+    for x in (ci_low, ci_high):
         chart.path([(x, 0.38), (x, 0.62)], "#111827", width=2.5)
-    chart.dot(b.ratio, 0.5, "#111827", r=6, title=f"ratio {b.ratio:.4f}")
-    chart.text(b.ratio, 0.5, f"{b.ratio:.4f}", dy="-1.2em", bold=True, color="#111827")
-    if chart.sx(b.ci_high) - chart.sx(b.ci_low) > 90:
-        chart.text(b.ci_low, 0.5, f"{b.ci_low:.4f}", dy="1.9em")
-        chart.text(b.ci_high, 0.5, f"{b.ci_high:.4f}", dy="1.9em")
+    chart.dot(ratio, 0.5, "#111827", r=6, title=f"ratio {ratio:.4f}")
+    chart.text(ratio, 0.5, f"{ratio:.4f}", dy="-1.2em", bold=True, color="#111827")
+    if chart.sx(ci_high) - chart.sx(ci_low) > 90:
+        chart.text(ci_low, 0.5, f"{ci_low:.4f}", dy="1.9em")
+        chart.text(ci_high, 0.5, f"{ci_high:.4f}", dy="1.9em")
     else:  # a narrow interval: one label, or the two would overlap
-        chart.text(b.ratio, 0.5, f"[{b.ci_low:.4f}, {b.ci_high:.4f}]", dy="1.9em")
+        chart.text(ratio, 0.5, f"[{ci_low:.4f}, {ci_high:.4f}]", dy="1.9em")
     assert chart.x is not None
-    chart.text(chart.x.lo, 0.95, "← candidate slower", anchor="start", dy="0.6em")
-    chart.text(chart.x.hi, 0.95, "candidate faster →", anchor="end", dy="0.6em")
-    chart.axes(f"candidate / control (grey band: equivalence ±{b.equivalence_pct:g} %)", "",
+    numerator = label.split(" / ")[0]
+    chart.text(chart.x.lo, 0.95, f"← {numerator} slower", anchor="start", dy="0.6em")
+    chart.text(chart.x.hi, 0.95, f"{numerator} faster →", anchor="end", dy="0.6em")
+    chart.axes(f"{label} (grey band: equivalence ±{equivalence_pct:g} %)", "",
                yticks=[], ygrid=False)
     return chart.render()
 

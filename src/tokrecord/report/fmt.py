@@ -40,3 +40,19 @@ def plain(value: object) -> str:
 
 def short_sha(value: str | None, n: int = 12) -> str:
     return DASH if not value else value[:n]
+
+
+def sd_pct(value: float | None, digits: int = 3) -> str:
+    """An unsigned spread in percent: 1.234 %."""
+    return DASH if value is None else f"{value:.{digits}f} %"
+
+
+def design(kind: str, blocks: int | None) -> str:
+    """'ABBA, 2 blocks (ABBA, BAAB): 8 legs, 4 pairs': the design as preregistered."""
+    k = blocks or 1
+    patterns = ", ".join("ABBA" if b % 2 else "BAAB" for b in range(1, min(k, 2) + 1))
+    more = ", ..." if k > 2 else ""
+    name = {"abba": "ABBA", "aa": "A/A"}.get(kind, kind)
+    what = " (one arm in every leg: the noise floor, no speed claim)" if kind == "aa" else ""
+    return (f"{name}, {k} block{'s' if k != 1 else ''} ({patterns}{more}): {4 * k} legs, "
+            f"{2 * k} pairs{what}")

@@ -15,7 +15,8 @@ from html import escape
 from tokrecord import __version__
 
 from . import charts, fmt
-from .model import Fact, GateView, Kind, LegView, ReportData
+from .model import Analysis, Fact, GateView, Kind, LegView, Power, ReportData
+from .text import interval_text, kind_text, noise_text, pairs_what, power_text
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 SECTIONS = (
@@ -116,8 +117,7 @@ def _note(text: str) -> str:
 
 def _summary(d: ReportData) -> str:
     h = d.headline
-    kind = {Kind.ABBA: "ABBA experiment", Kind.SINGLE: "single-leg experiment", Kind.LEG: "one leg"}
-    sub = " · ".join(x for x in (kind[d.kind], d.date or "", f"status {d.status}") if x)
+    sub = " · ".join(x for x in (kind_text(d), d.date or "", f"status {d.status}") if x)
     bound = (f", per-token forms ±{h.quantisation_bound_pct:.2f} % (chunks)"
              if h.quantisation_bound_pct else "")
     cards = [_card("headline", f"{fmt.num(h.value)} tok/s",
@@ -127,8 +127,18 @@ def _summary(d: ReportData) -> str:
         b = d.bootstrap
         verdict_note = (f"candidate/control {b.ratio:.4f}, {100 * b.confidence:.0f} % CI "
                         f"[{b.ci_low:.4f}, {b.ci_high:.4f}]")
+    elif d.analysis:
+        verdict_note = interval_text(d.analysis)
     cards.append(_card("verdict", d.verdict, verdict_note,
                        "verdict-" + d.verdict.replace(" ", ".")))
+    if d.power and d.power.min_effect:
+        e, pw = d.power.min_effect, d.power
+        need = (f"{100 * pw.target_power:.0f} % needs {e.blocks_for_target} blocks"
+                if e.blocks_for_target else f"{100 * pw.target_power:.0f} % not within 50 blocks")
+        cards.append(_card("power", f"{100 * e.power:.0f} %",
+                           f"for +{e.effect_pct:g} % at {pw.blocks} block"
+                           f"{'s' if pw.blocks != 1 else ''}; {need}",
+                           "pass" if e.power >= pw.target_power else "nt"))
     if d.record_gate:
         g = d.record_gate
         cards.append(_card("record gate", "PASS" if g.passed else "no record",
@@ -169,7 +179,7 @@ def _legs(d: ReportData) -> str:
                      "tok/cycle", "teacher exact", "gates", "stalled rows", "valid"], rows,
                     numeric=(2, 3, 4, 5, 6, 7, 10), raw=True)]
     if d.pairs:
-        parts.append("<h3>Pairs (candidate vs control)</h3>")
+        parts.append(f"<h3>Pairs ({_e(pairs_what(d))})</h3>")
         parts.append(_table(
             ["pair", "headline Δ", "paired median Δ", "row wins", "cycle saving ms", "pass"],
             [[_e(p.name), fmt.pct(p.headline_delta_pct), fmt.pct(p.paired_median_delta_pct),
@@ -292,6 +302,8 @@ def _abba(d: ReportData) -> str:
         if svg:
             parts.append(svg)
         return f'<section id="abba">{"".join(parts)}</section>'
+    if d.design is not None:
+        return _abba_v2(d)
     parts.append(_note("Legs in the order they ran, each on a fresh server; dashed lines join the "
                        "two legs of an arm (drift over the experiment shows as their slope)."))
     svg = charts.abba_chart(d.legs)
@@ -305,6 +317,87 @@ def _abba(d: ReportData) -> str:
             f"{100 * b.confidence:.0f} % CI [{b.ci_low:.4f}, {b.ci_high:.4f}], {b.samples} bootstrap "
             f"samples, equivalence ±{b.equivalence_pct:g} %. Method: {b.method}."))
     return f'<section id="abba">{"".join(parts)}</section>'
+
+
+def _abba_v2(d: ReportData) -> str:
+    """The ABBA section of a v2 record: k blocks, the leg-level verdict, its noise and power."""
+    k = d.blocks or 1
+    aa = d.design == "aa"
+    parts = ["<h2>ABBA legs and the confidence interval</h2>" if not aa
+             else "<h2>A/A legs and the noise floor</h2>"]
+    parts.append(_note(
+        f"{fmt.design(d.design or 'abba', k)}. Legs in the order they ran, each on a fresh "
+        "server; blocks alternate ABBA and BAAB, so a linear drift within a block cancels. "
+        "Dashed lines join the legs of " + ("a position (one arm runs everywhere)." if aa
+                                            else "an arm (drift shows as their slope).")))
+    svg = charts.abba_chart(d.legs, k)
+    if svg:
+        parts.append(svg)
+    pairs = charts.pairs_chart(d.pairs)
+    if pairs:
+        parts.append(pairs)
+    a = d.analysis
+    if a is None:
+        parts.append(_note(f"Verdict {d.verdict}: the record holds no leg-level analysis."))
+    else:
+        if a.ratio is not None and a.ci_low is not None and a.ci_high is not None:
+            parts.append(charts.interval_chart(a.ratio, a.ci_low, a.ci_high, a.confidence,
+                                               a.equivalence_pct,
+                                               "B / A positions" if aa else "candidate / control"))
+        parts.append(_note(f"Verdict {d.verdict}: {interval_text(a)}; equivalence "
+                           f"±{a.equivalence_pct:g} %. {a.reason}. Method: {a.method}."))
+        parts.append("<h3>The noise the interval rests on</h3>" + _facts(_noise_facts(a)))
+        parts.append(_leg_figures(d, a))
+    parts.append(_power(d.power))
+    return f'<section id="abba">{"".join(parts)}</section>'
+
+
+def _noise_facts(a: Analysis) -> list[Fact]:
+    return [
+        Fact(label="between legs (sd)", value=f"{fmt.sd_pct(a.leg_noise_sd_pct)}, "
+                                              f"df {a.leg_noise_df}"),
+        Fact(label="row to row within a leg (sd)", value=f"{fmt.sd_pct(a.row_noise_sd_pct)}, "
+                                                         f"df {a.row_noise_df}"),
+        Fact(label="a leg's figure (sd, both together)", value=fmt.sd_pct(a.residual_sd_pct)),
+        Fact(label="t interval", value=f"df {a.df}, {100 * a.confidence:.0f} % confidence"),
+        Fact(label="legs, blocks, rows", value=f"{a.legs} legs in {a.blocks} blocks, "
+                                               f"{a.rows_used} rows rated in every leg"),
+        Fact(label="summary", value=noise_text(a)),
+    ]
+
+
+def _leg_figures(d: ReportData, a: Analysis) -> str:
+    if not a.leg_statistics:
+        return ""
+    by_name = {leg.name: leg for leg in d.legs}
+    rows = []
+    for name, value in a.leg_statistics:
+        leg = by_name.get(name)
+        number = int(name[1:]) if name[1:].isdigit() else 0
+        rows.append([name, str((number + 1) // 2), name[:1], leg.arm if leg else fmt.DASH,
+                     fmt.num(leg.tok_s) if leg else fmt.DASH, fmt.pct(value)])
+    return ("<h3>Each leg's figure</h3>"
+            + _note("The verdict's unit is the leg: each leg's Hodges-Lehmann location of its "
+                    "log row rates relative to each row's mean over legs (x 100, about a "
+                    "percentage), fitted on block and treatment.")
+            + _table(["leg", "block", "position", "arm", "headline tok/s", "leg figure"], rows,
+                     numeric=(1, 4, 5)))
+
+
+def _power(p: Power | None) -> str:
+    if p is None:
+        return ("<h3>Power</h3>" + _note("No power was preregistered: the plan declared no "
+                                         "min_effect_pct."))
+    rows = [[f"+{e.effect_pct:g} %" + (" (min effect)" if e.effect_pct == p.min_effect_pct else ""),
+             f"{100 * e.power:.1f} %",
+             str(e.blocks_for_target) if e.blocks_for_target else "more than 50"]
+            for e in p.entries]
+    sources = "; ".join(p.noise_sources) or fmt.DASH
+    return ("<h3>Power, as preregistered</h3>" + _note(power_text(p) + ".")
+            + _table(["true effect", f"P(FASTER) at {p.blocks} blocks",
+                      f"blocks for {100 * p.target_power:.0f} %"], rows, numeric=(1, 2))
+            + _note(f"Noise: legs sd {p.sd_leg_pct:.3f} %, rows sd {p.sd_row_pct:.3f} % over "
+                    f"{p.rows} rows (from {sources}); df {p.df}. Method: {p.method}."))
 
 
 def _speculative(d: ReportData) -> str:

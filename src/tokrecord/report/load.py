@@ -30,6 +30,7 @@ from tokrecord.experiment.leg import LegResult, RowRecord, load_rows
 from . import fmt
 from .model import (
     Addendum,
+    Analysis,
     Attempt,
     Bootstrap,
     Fact,
@@ -40,6 +41,8 @@ from .model import (
     LegView,
     LogFact,
     PairView,
+    Power,
+    PowerEntry,
     PowerSeries,
     RecordGate,
     ReportData,
@@ -417,6 +420,35 @@ def _leg_dir(exp_dir: Path, record: Mapping[str, Any], name: str, run_dir: str |
     raise ConfigError(f"{exp_dir}: no complete attempt of leg {name} (looked for {run_dir})")
 
 
+def record_design(record: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """(design, blocks) of an experiment-record/v2; (None, None) for v1 and other records,
+    whose reports stay as they were."""
+    p = record.get("protocol") or {}
+    design, blocks = p.get("design"), p.get("blocks")
+    if not isinstance(design, str) or not isinstance(blocks, int):
+        return None, None
+    return design, blocks
+
+
+def _candidate_legs(record: Mapping[str, Any]) -> list[str]:
+    """The legs in candidate (B) positions, in run order: in an A/A design they run the
+    same arm as the rest, so the position, not the arm, says which they are."""
+    order = (record.get("protocol") or {}).get("order") or list(record.get("runs") or {})
+    return [name for name in (str(item).split("-")[0] for item in order) if name.startswith("B")]
+
+
+def _headline_note(record: Mapping[str, Any]) -> str:
+    design, _ = record_design(record)
+    if design is None:
+        return "the lower of the two candidate legs, as the record gate uses it"
+    n = len(_candidate_legs(record))
+    if design == "aa":
+        return (f"the lowest of the {n} B-position legs; an A/A design runs one arm in every "
+                "leg and makes no speed claim")
+    which = "the lower of the two" if n == 2 else f"the lowest of the {n}"
+    return f"{which} candidate legs, as the record gate uses it"
+
+
 def _headline_abba(record: Mapping[str, Any], legs: Mapping[str, LegView]) -> Headline:
     acc = record.get("metric_accounting") or {}
     leg = acc.get("headline_leg")
@@ -429,7 +461,7 @@ def _headline_abba(record: Mapping[str, Any], legs: Mapping[str, LegView]) -> He
         conventional=acc.get("conventional_interval_value_tok_s"),
         legacy=acc.get("legacy_inclusive_events_value_tok_s"),
         chunk_aware=acc.get("chunk_aware_value_tok_s"),
-        note="the lower of the two candidate legs, as the record gate uses it",
+        note=_headline_note(record),
         qualification=str(acc.get("qualification") or ""),
     )
 
@@ -451,16 +483,69 @@ def _bootstrap(record: Mapping[str, Any]) -> Bootstrap | None:
                      equivalence_pct=b["equivalence_pct"], method=str(b.get("method", "")))
 
 
+def analysis_view(record: Mapping[str, Any]) -> Analysis | None:
+    """The v2 verdict (`verdict_analysis`) as shown; None for v1 (its `bootstrap` instead)."""
+    a = record.get("verdict_analysis")
+    if not isinstance(a, Mapping):
+        return None
+    order = [str(item).split("-")[0] for item in (record.get("protocol") or {}).get("order") or ()]
+    stats = a.get("leg_statistics") or {}
+    names = [n for n in order if n in stats] + sorted(n for n in stats if n not in order)
+    design, _ = record_design(record)
+    return Analysis(
+        method=str(a.get("method", "")), verdict=str(a.get("verdict", record.get("verdict", ""))),
+        ratio=a.get("ratio"), ci_low=a.get("ci_low"), ci_high=a.get("ci_high"),
+        confidence=float(a.get("confidence", 0.95)),
+        equivalence_pct=float(a.get("equivalence_pct", 0.0)), df=int(a.get("df") or 0),
+        blocks=int(a.get("blocks") or 0), legs=int(a.get("legs") or 0),
+        rows_used=int(a.get("rows_used") or 0), residual_sd_pct=a.get("residual_sd_pct"),
+        leg_noise_sd_pct=a.get("leg_noise_sd_pct"), leg_noise_df=int(a.get("leg_noise_df") or 0),
+        row_noise_sd_pct=a.get("row_noise_sd_pct"), row_noise_df=int(a.get("row_noise_df") or 0),
+        reason=str(a.get("reason", "")),
+        leg_statistics=tuple((n, float(stats[n])) for n in names), no_claim=design == "aa",
+    )
+
+
+def power_view(record: Mapping[str, Any]) -> Power | None:
+    """The preregistered power (v2 `power`), or None when the plan declared none."""
+    p = record.get("power")
+    if not isinstance(p, Mapping):
+        return None
+    return Power(
+        min_effect_pct=p.get("min_effect_pct"), min_effect_power=p.get("min_effect_power"),
+        blocks=int(p.get("blocks") or 0), df=int(p.get("df") or 0), rows=int(p.get("rows") or 0),
+        target_power=float(p.get("target_power", 0.9)), sd_leg_pct=float(p.get("sd_leg_pct", 0.0)),
+        sd_row_pct=float(p.get("sd_row_pct", 0.0)), noise_df=p.get("noise_df"),
+        noise_sources=tuple(str(x) for x in p.get("noise_sources") or ()),
+        method=str(p.get("method", "")),
+        entries=tuple(PowerEntry(effect_pct=float(e["effect_pct"]), power=float(e["power"]),
+                                 blocks_for_target=e.get("blocks_for_target"))
+                      for e in p.get("entries") or () if isinstance(e, Mapping)),
+    )
+
+
+def pair_names(record: Mapping[str, Any]) -> list[str]:
+    """Pair keys in block order: v2 names them in `protocol.pairs` (record.json's keys are
+    sorted, which puts B10_vs_A10 before B2_vs_A2); v1 in the file's order."""
+    found = record.get("pair_results") or {}
+    listed = [str(n) for n in (record.get("protocol") or {}).get("pairs") or () if n in found]
+    return listed + [n for n in found if n not in listed]
+
+
 def _pairs(record: Mapping[str, Any]) -> tuple[PairView, ...]:
-    return tuple(
-        PairView(name=name.replace("_vs_", " vs "), candidate=p["candidate"], control=p["control"],
-                 headline_delta_pct=p.get("headline_delta_pct"),
-                 paired_median_delta_pct=p.get("paired_median_delta_pct"),
-                 row_wins=str(p.get("candidate_row_wins", "")),
-                 cycle_saving_ms=p.get("aggregate_cycle_saving_ms"),
-                 acceptance_delta_pp=p.get("acceptance_rate_delta_percentage_points"),
-                 passed=bool(p.get("passed")), failed_criteria=tuple(p.get("failed_criteria", ())))
-        for name, p in (record.get("pair_results") or {}).items())
+    results = record.get("pair_results") or {}
+    out = []
+    for name in pair_names(record):
+        p = results[name]
+        out.append(PairView(
+            name=name.replace("_vs_", " vs "), candidate=p["candidate"], control=p["control"],
+            headline_delta_pct=p.get("headline_delta_pct"),
+            paired_median_delta_pct=p.get("paired_median_delta_pct"),
+            row_wins=str(p.get("candidate_row_wins", "")),
+            cycle_saving_ms=p.get("aggregate_cycle_saving_ms"),
+            acceptance_delta_pp=p.get("acceptance_rate_delta_percentage_points"),
+            passed=bool(p.get("passed")), failed_criteria=tuple(p.get("failed_criteria", ()))))
+    return tuple(out)
 
 
 def _record_gate_abba(record: Mapping[str, Any]) -> RecordGate:
@@ -483,10 +568,16 @@ def _record_gate_abba(record: Mapping[str, Any]) -> RecordGate:
                  value=fmt.DASH if g.get("delta_vs_prior_record_tok_s") is None else
                  f"{fmt.num(g['delta_vs_prior_record_tok_s'], 3)} tok/s "
                  f"({fmt.pct(g.get('delta_vs_prior_record_pct'))})"),
-            Fact(label="both pairs passed", value=fmt.yes_no(g.get("pairs_passed"))),
+            Fact(label=_pairs_label(record), value=fmt.yes_no(g.get("pairs_passed"))),
             Fact(label="every gate in every leg", value=fmt.yes_no(g.get("quality_passed_all_legs"))),
         ),
     )
+
+
+def _pairs_label(record: Mapping[str, Any]) -> str:
+    n = len(record.get("pair_results") or {})
+    return "both pairs passed" if record_design(record)[0] is None or n == 2 \
+        else f"all {n} pairs passed"
 
 
 def _record_gate_single(record: Mapping[str, Any], leg: LegView) -> RecordGate:
@@ -532,6 +623,11 @@ def _protocol(record: Mapping[str, Any]) -> tuple[Fact, ...]:
     facts = []
     if p.get("order"):
         facts.append(Fact(label="order", value=" ".join(p["order"])))
+    design, blocks = record_design(record)
+    if design is not None:
+        facts.append(Fact(label="design", value=fmt.design(design, blocks)))
+        facts.append(Fact(label="pairs", value=" ".join(str(x).replace("_vs_", " vs ")
+                                                         for x in p.get("pairs") or ())))
     for key in ("prompt_count_per_leg", "max_tokens", "top_level_prompt_tokens_suite_median",
                 "top_level_output_tokens_suite_median", "metric", "headline_formula",
                 "fresh_service_per_leg", "generation_warmup", "single_active_generation",
@@ -769,6 +865,7 @@ def _experiment_report(directory: Path, *, leg: str | None, row: str | None,
         raise ConfigError(f"{directory / 'record.json'}: not a record")
     schema = str(record.get("schema", ""))
     single = schema.startswith("tokrecord.single-leg-record")
+    design, blocks = (None, None) if single else record_design(record)
     if single:
         names = ["B1"]
         run_dirs = {"B1": (record.get("artifacts") or {}).get("run_dir")}
@@ -804,7 +901,8 @@ def _experiment_report(directory: Path, *, leg: str | None, row: str | None,
         kind=Kind.SINGLE if single else Kind.ABBA,
         title=str(record.get("experiment") or directory.name), date=record.get("date"),
         status=str(record.get("status", "")), verdict=verdict, headline=headline,
-        bootstrap=_bootstrap(record), pairs=_pairs(record), record_gate=gate, quality=quality,
+        bootstrap=_bootstrap(record), analysis=analysis_view(record), power=power_view(record),
+        design=design, blocks=blocks, pairs=_pairs(record), record_gate=gate, quality=quality,
         experiment_gates=experiment_gates, legs=legs, timelines=timelines, timeline_choice=choice,
         protocol=_protocol(record), identity=_identity_experiment(directory, record),
         attempts=_attempts(record), addenda=_addenda(directory), verification=NOT_VERIFIED,

@@ -22,7 +22,9 @@ class _Frozen(BaseModel):
 
 
 class Kind(StrEnum):
-    ABBA = "abba"  # an ABBA experiment: record.json of tokrecord.experiment-record/v1
+    # An ABBA or A/A experiment: record.json of tokrecord.experiment-record/v1 or /v2
+    # (ReportData.design tells A/A apart).
+    ABBA = "abba"
     SINGLE = "single"  # a single-design experiment: tokrecord.single-leg-record/v1
     LEG = "leg"  # one sealed leg directory (summary.json, no record)
 
@@ -193,6 +195,64 @@ class Bootstrap(_Frozen):
     method: str
 
 
+class Analysis(_Frozen):
+    """The leg-level verdict of an experiment-record/v2 (`verdict_analysis`): the interval
+    uses the between-leg noise, so its noise figures are shown beside it."""
+
+    method: str
+    verdict: str
+    ratio: float | None  # None (with the interval): UNDECIDED, `reason` says why
+    ci_low: float | None
+    ci_high: float | None
+    confidence: float
+    equivalence_pct: float
+    df: int
+    blocks: int
+    legs: int
+    rows_used: int
+    residual_sd_pct: float | None
+    leg_noise_sd_pct: float | None
+    leg_noise_df: int
+    row_noise_sd_pct: float | None
+    row_noise_df: int
+    reason: str
+    leg_statistics: tuple[tuple[str, float], ...] = ()  # each leg's figure (%), in run order
+    # A/A: the same arm in every leg; the ratio is B positions over A positions and
+    # measures the noise floor, it makes no speed claim.
+    no_claim: bool = False
+
+    @property
+    def label(self) -> str:
+        return "B/A positions" if self.no_claim else "candidate/control"
+
+
+class PowerEntry(_Frozen):
+    effect_pct: float
+    power: float
+    blocks_for_target: int | None  # None: not reached within the planner's limit (50)
+
+
+class Power(_Frozen):
+    """The preregistered power of the plan (power.json, copied into the v2 record)."""
+
+    min_effect_pct: float | None
+    min_effect_power: float | None
+    blocks: int
+    df: int
+    rows: int
+    target_power: float
+    sd_leg_pct: float
+    sd_row_pct: float
+    noise_df: int | None
+    noise_sources: tuple[str, ...]
+    method: str
+    entries: tuple[PowerEntry, ...] = ()
+
+    @property
+    def min_effect(self) -> PowerEntry | None:
+        return next((e for e in self.entries if e.effect_pct == self.min_effect_pct), None)
+
+
 class PairView(_Frozen):
     name: str
     candidate: str
@@ -244,7 +304,11 @@ class ReportData(_Frozen):
     status: str
     verdict: str
     headline: Headline
-    bootstrap: Bootstrap | None = None
+    bootstrap: Bootstrap | None = None  # experiment-record/v1
+    analysis: Analysis | None = None  # experiment-record/v2
+    power: Power | None = None  # v2, when the plan declared min_effect_pct
+    design: str | None = None  # v2: "abba" or "aa" (None: v1 or not an experiment record)
+    blocks: int | None = None  # v2
     pairs: tuple[PairView, ...] = ()
     record_gate: RecordGate | None = None
     quality: tuple[Fact, ...] = ()

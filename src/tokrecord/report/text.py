@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import fmt
-from .model import Kind, LegView, ReportData
+from .model import Analysis, Kind, LegView, Power, ReportData
 
 _STYLE = {"pass": "green", "fail": "bold red", "not tested": "yellow"}
 _VERDICT_STYLE = {"FASTER": "bold green", "SLOWER": "bold red", "UNDECIDED": "bold yellow",
@@ -35,12 +35,75 @@ def headline_text(d: ReportData) -> str:
     return f"{fmt.num(h.value)} tok/s  {leg}{h.convention} {h.formula}{bound}"
 
 
+def kind_text(d: ReportData) -> str:
+    """'ABBA experiment' (v1, unchanged), 'ABBA experiment, 2 blocks', 'A/A experiment, 1 block'."""
+    if d.design is None:
+        return _KIND[d.kind]
+    k = d.blocks or 1
+    name = "A/A experiment" if d.design == "aa" else _KIND[d.kind]
+    return f"{name}, {k} block{'s' if k != 1 else ''}"
+
+
+def interval_text(a: Analysis) -> str:
+    """The v2 ratio and its interval, or why there is none."""
+    if a.ratio is None or a.ci_low is None or a.ci_high is None:
+        return f"no interval: {a.reason}"
+    claim = "; A/A: no speed claim" if a.no_claim else ""
+    return (f"{a.label} {a.ratio:.4f} ({fmt.pct(100 * (a.ratio - 1))}), "
+            f"{100 * a.confidence:.0f} % CI [{a.ci_low:.4f}, {a.ci_high:.4f}], leg-level t, "
+            f"df {a.df}{claim}")
+
+
+def noise_text(a: Analysis) -> str:
+    """The noise the v2 interval rests on: between legs (what a claim must beat) and rows."""
+    return (f"between legs sd {fmt.sd_pct(a.leg_noise_sd_pct)} (df {a.leg_noise_df}), "
+            f"rows sd {fmt.sd_pct(a.row_noise_sd_pct)} (df {a.row_noise_df}); "
+            f"{a.legs} legs in {a.blocks} block{'s' if a.blocks != 1 else ''}, "
+            f"{a.rows_used} rows rated in every leg")
+
+
+def power_text(p: Power) -> str:
+    """The preregistered power at the planned blocks, and the blocks 90 % would need."""
+    blocks = f"{p.blocks} block{'s' if p.blocks != 1 else ''}"
+    entry = p.min_effect
+    if entry is None:
+        return f"at {blocks}: " + ", ".join(f"+{e.effect_pct:g} % {100 * e.power:.1f} %"
+                                            for e in p.entries)
+    target = f"{100 * p.target_power:.0f} %"
+    need = (f"{target} needs {entry.blocks_for_target} block"
+            f"{'s' if entry.blocks_for_target != 1 else ''}" if entry.blocks_for_target
+            else f"{target} is not reached within 50 blocks")
+    return (f"+{entry.effect_pct:g} % effect: power {100 * entry.power:.1f} % at {blocks}; "
+            f"{need} (noise sd: legs {p.sd_leg_pct:.2f} %, rows {p.sd_row_pct:.2f} %)")
+
+
 def verdict_text(d: ReportData) -> str:
     b = d.bootstrap
     if b is None:
+        if d.analysis is not None:
+            return f"{d.verdict}  {interval_text(d.analysis)}"
         return d.verdict
     return (f"{d.verdict}  candidate/control {b.ratio:.4f} ({fmt.pct(100 * (b.ratio - 1))}), "
             f"{100 * b.confidence:.0f} % CI [{b.ci_low:.4f}, {b.ci_high:.4f}]")
+
+
+def v2_lines(d: ReportData) -> list[tuple[str, str]]:
+    """What a v2 record adds below its verdict: the noise, the design, the power (none
+    for v1, whose report stays as it was)."""
+    if d.design is None:
+        return []
+    out = []
+    if d.analysis is not None and d.analysis.ratio is not None:
+        out.append(("noise", noise_text(d.analysis)))
+    out.append(("design", fmt.design(d.design, d.blocks)))
+    out.append(("power", power_text(d.power) if d.power is not None
+                else "none preregistered (the plan declared no min_effect_pct)"))
+    return out
+
+
+def pairs_what(d: ReportData) -> str:
+    """An A/A design pairs legs of one arm: by position, not by treatment."""
+    return "B vs A positions, one arm" if d.design == "aa" else "candidate vs control"
 
 
 def record_text(d: ReportData) -> str | None:
@@ -113,13 +176,15 @@ _NUMERIC = {"tok/s", "p10", "TTFT ms", "accept", "tok/cycle", "exact", "gates", 
 
 def terminal_renderables(d: ReportData, width: int = 100) -> list[RenderableType]:
     title = Text.assemble(("tokrecord report: ", "bold"), (d.title, "bold"),
-                          f" — {_KIND[d.kind]}" + (f", {d.date}" if d.date else "")
+                          f" — {kind_text(d)}" + (f", {d.date}" if d.date else "")
                           + f", status {d.status}")
     facts = Table.grid(padding=(0, 2))
     facts.add_column(style="bold", no_wrap=True)
     facts.add_column()
     facts.add_row("headline", escape(headline_text(d)))
     facts.add_row("verdict", Text(verdict_text(d), style=_VERDICT_STYLE.get(d.verdict, "bold")))
+    for label, line in v2_lines(d):
+        facts.add_row(label, escape(line))
     record = record_text(d)
     if record is not None:
         facts.add_row("record", Text(record, style="green" if d.record_gate and d.record_gate.passed
@@ -138,7 +203,7 @@ def terminal_renderables(d: ReportData, width: int = 100) -> list[RenderableType
         legs.add_row(*(cells[col] for col in columns))
     out: list[RenderableType] = [title, facts, legs]
     if d.pairs:
-        pairs = Table(box=None, padding=(0, 1), title="pairs (candidate vs control)",
+        pairs = Table(box=None, padding=(0, 1), title=f"pairs ({pairs_what(d)})",
                       title_justify="left", title_style="bold")
         for col in ("pair", "headline Δ", "paired median Δ", "row wins", "pass"):
             pairs.add_column(col, justify="left" if col in ("pair", "pass") else "right",
@@ -179,10 +244,19 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[i
     return lines
 
 
+def _md_interval(a: Analysis) -> str:
+    if a.ratio is None or a.ci_low is None or a.ci_high is None:
+        return f"no interval: {a.reason}"
+    claim = "; A/A: the same arm in every leg, no speed claim" if a.no_claim else ""
+    return (f"{a.label} {a.ratio:.4f} ({fmt.pct(100 * (a.ratio - 1))}), "
+            f"{100 * a.confidence:.0f} % CI [{a.ci_low:.4f}, {a.ci_high:.4f}] (leg-level t "
+            f"interval, df {a.df}, equivalence ±{a.equivalence_pct:g} %){claim}")
+
+
 def render_markdown(d: ReportData) -> str:
     """A summary for a pull request or a forum post (GitHub-flavoured markdown)."""
     out = [f"## tokrecord report: {_md(d.title)}", ""]
-    sub = [_KIND[d.kind]] + ([d.date] if d.date else []) + [f"status `{d.status}`"]
+    sub = [kind_text(d)] + ([d.date] if d.date else []) + [f"status `{d.status}`"]
     out += [" · ".join(sub), ""]
     h = d.headline
     bound = f", ±{h.quantisation_bound_pct:.2f} % per-token quantisation" if h.quantisation_bound_pct else ""
@@ -193,7 +267,9 @@ def render_markdown(d: ReportData) -> str:
         f" — candidate/control {d.bootstrap.ratio:.4f} ({fmt.pct(100 * (d.bootstrap.ratio - 1))}), "
         f"{100 * d.bootstrap.confidence:.0f} % CI [{d.bootstrap.ci_low:.4f}, {d.bootstrap.ci_high:.4f}] "
         f"(paired bootstrap, {d.bootstrap.samples} samples, equivalence "
-        f"±{d.bootstrap.equivalence_pct:g} %)" if d.bootstrap else ""))
+        f"±{d.bootstrap.equivalence_pct:g} %)" if d.bootstrap else
+        f" — {_md_interval(d.analysis)}" if d.analysis else ""))
+    out += [f"- **{label.capitalize()}:** {line}" for label, line in v2_lines(d)]
     record = record_text(d)
     if record is not None:
         out.append(f"- **Record gate:** {record}")
@@ -203,7 +279,7 @@ def render_markdown(d: ReportData) -> str:
     out += _md_table(LEG_COLUMNS, [_leg_cells(leg) for leg in d.legs],
                      {i for i, c in enumerate(LEG_COLUMNS) if c in _NUMERIC})
     if d.pairs:
-        out += ["", "### Pairs (candidate vs control)", ""]
+        out += ["", f"### Pairs ({pairs_what(d)})", ""]
         out += _md_table(
             ("pair", "headline Δ", "paired median Δ", "row wins", "pass", "failed criteria"),
             [(p.name, fmt.pct(p.headline_delta_pct), fmt.pct(p.paired_median_delta_pct), p.row_wins,

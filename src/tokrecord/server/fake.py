@@ -62,6 +62,7 @@ import itertools
 import json
 import math
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -78,6 +79,7 @@ from typing import IO, Any, Literal, cast
 
 from tokrecord.errors import ConfigError
 from tokrecord.server.httpd import LocalHTTPServer
+from tokrecord.server.process import LEG_ENV
 
 ENV_PREFIX = "TOKRECORD_FAKE_"
 DEFAULT_MODEL = "tokrecord-fake"
@@ -118,6 +120,10 @@ class FakeServerConfig:
     fail_status: int | None = None
     cut_after_tokens: int | None = None
     malformed_after_tokens: int | None = None
+    leg_jitter_pct: float = 0.0
+    leg_jitter_seed: int | None = None
+    # tok_s x exp(N(0, leg_jitter_pct %)), drawn once per start (see `leg_speed_factor`).
+    speed_factor: float = 1.0
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -129,6 +135,8 @@ class FakeServerConfig:
             problems.append("model must not be empty")
         if not (math.isfinite(self.ttft_ms) and self.ttft_ms >= 0):
             problems.append(f"ttft_ms must be a finite number >= 0, got {self.ttft_ms}")
+        if not (math.isfinite(self.leg_jitter_pct) and 0 <= self.leg_jitter_pct <= 50):
+            problems.append(f"leg_jitter_pct must be 0..50, got {self.leg_jitter_pct}")
         if not (math.isfinite(self.tok_s) and self.tok_s > 0):
             problems.append(f"tok_s must be a finite number > 0, got {self.tok_s}")
         if self.tokens_per_chunk < 1:
@@ -201,6 +209,12 @@ _OPTIONS = (
     _Option("fail_status", "opt_int", "answer every generation request with this HTTP status"),
     _Option("cut_after_tokens", "opt_int", "close a stream abruptly after this many tokens"),
     _Option("malformed_after_tokens", "opt_int", "send one malformed event after this many tokens"),
+    _Option("leg_jitter_pct", "float",
+            "each start runs at its own speed: tok_s x exp(N(0, pct/100)), as fresh real servers "
+            "do (default 0)"),
+    _Option("leg_jitter_seed", "opt_int",
+            f"seed for that factor, mixed with the leg name the harness exports as {LEG_ENV} "
+            "(default: fresh entropy per start)"),
 )
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -315,15 +329,19 @@ def config_from_args(
     flag or the environment, raises ConfigError.
     """
     namespace = _build_parser().parse_args(list(argv) if argv is not None else None)
-    values = _Resolved(namespace, os.environ if environ is None else environ)
+    env = os.environ if environ is None else environ
+    values = _Resolved(namespace, env)
     if not values.has("port"):
         raise ConfigError(f"fake server: --port (or {ENV_PREFIX}PORT) is required")
+    jitter, seed = values.float_("leg_jitter_pct", 0.0), values.opt_int("leg_jitter_seed")
+    factor = leg_speed_factor(jitter, seed, env.get(LEG_ENV, ""))
     return FakeServerConfig(
+        leg_jitter_pct=jitter, leg_jitter_seed=seed, speed_factor=factor,
         port=values.int_("port", 0),
         host=values.str_("host", "127.0.0.1"),
         model=values.str_("model", DEFAULT_MODEL),
         ttft_ms=values.float_("ttft_ms", 50.0),
-        tok_s=values.float_("tok_s", 1000.0),
+        tok_s=values.float_("tok_s", 1000.0) * factor,
         tokens_per_chunk=values.int_("tokens_per_chunk", 1),
         max_tokens_cap=values.opt_int("max_tokens_cap"),
         eos_after=values.opt_int("eos_after"),
@@ -337,6 +355,15 @@ def config_from_args(
         cut_after_tokens=values.opt_int("cut_after_tokens"),
         malformed_after_tokens=values.opt_int("malformed_after_tokens"),
     )
+
+
+def leg_speed_factor(jitter_pct: float, seed: int | None, leg: str) -> float:
+    """One start's speed factor, lognormal around 1. Seeded, it is a function of the seed
+    and the leg's name, so a rerun of an experiment draws the same factors."""
+    if jitter_pct <= 0:
+        return 1.0
+    rng = random.Random(f"{seed}:{leg}") if seed is not None else random.SystemRandom()
+    return math.exp(rng.gauss(0.0, jitter_pct / 100))
 
 
 # ------------------------------------------------------------ tokens and schedule
@@ -1144,7 +1171,9 @@ def serve(
         if config.exit_after_s is not None:
             _exit_later(config.exit_after_s)
         if on_listening is None:
-            print(f"tokrecord fake server listening on {server.url}", flush=True)
+            jitter = (f" (speed factor {config.speed_factor:.6f} from leg jitter "
+                      f"{config.leg_jitter_pct:g} %)" if config.leg_jitter_pct else "")
+            print(f"tokrecord fake server listening on {server.url}{jitter}", flush=True)
         else:
             on_listening(server)
         server.serve_forever()

@@ -28,6 +28,9 @@ from tokrecord.errors import ConfigError, ServerError
 
 LOG_TAIL_LINES = 40
 
+# Set by tokrecord in the environment of every server it starts: the leg being run.
+LEG_ENV = "TOKRECORD_LEG"
+
 
 class CleanupReport(BaseModel):
     """What stopping the server left behind."""

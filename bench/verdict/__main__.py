@@ -1,0 +1,5 @@
+import sys
+
+from bench.verdict.run import main
+
+sys.exit(main())

@@ -1,0 +1,187 @@
+"""k-block and A/A experiments on the fake server: legs in counterbalanced order, the
+power in the preregistration, record v2 with the leg-level verdict, verify; and a
+record from before v2 that must still verify and lint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from test_experiment_fake import events, plan_toml, write_plan
+from tokrecord.experiment.runner import build_record, finish, run_experiment
+from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1
+from tokrecord.record.lint import lint_record
+from tokrecord.record.schema import ExperimentRecord, ExperimentRecordV2, validate_record
+from tokrecord.record.verify import verify_dir
+from tokrecord.server.fake import config_from_args, leg_speed_factor
+
+V1 = Path(__file__).parent / "fixtures" / "v1-record" / "abba"
+EIGHT = ["A1", "B1", "B2", "A2", "B3", "A3", "A4", "B4"]
+POWERED = """min_effect_pct = 3
+blocks = 2
+[noise]
+sd_leg_pct = 1.0
+sd_row_pct = 0.5
+"""
+
+
+@pytest.fixture(scope="module")
+def two_blocks(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    root = tmp_path_factory.mktemp("blocks")
+    path, plan = write_plan(root, plan_toml("two-blocks", control=2000, candidate=2200, rows=3,
+                                            idle=0, prior="value_tok_s = 1950", extra=POWERED))
+    exp = root / "exp"
+    results = run_experiment(plan, exp, plan_text=path.read_bytes())
+    finish(exp, build_record(plan, exp, results))
+    return SimpleNamespace(plan=plan, exp=exp, results=results,
+                           record=json.loads((exp / "record.json").read_text()))
+
+
+def test_legs_run_in_counterbalanced_order(two_blocks: SimpleNamespace) -> None:
+    started = [e["leg"] for e in events(two_blocks.exp) if e["event"] == "leg_start"]
+    assert started == ["teacher", *EIGHT]
+    assert list(two_blocks.results) == EIGHT
+    assert [two_blocks.results[n].arm for n in EIGHT] == [
+        "control", "candidate", "candidate", "control", "candidate", "control", "control",
+        "candidate"]
+    prereg = events(two_blocks.exp)[0]
+    assert prereg["legs"] == EIGHT and prereg["design"] == "abba"
+
+
+def test_power_is_written_into_the_preregistration(two_blocks: SimpleNamespace) -> None:
+    exp = two_blocks.exp
+    power = json.loads((exp / "power.json").read_text())
+    assert power["blocks"] == 2 and power["df"] == 5 and power["rows"] == 3
+    assert power["min_effect_pct"] == 3 and 0.8 < power["min_effect_power"] < 1
+    assert [e["effect_pct"] for e in power["entries"]] == [1, 2, 3, 5]
+    kinds = [e["event"] for e in events(exp)]
+    assert kinds.index("power_computed") < kinds.index("leg_start")  # before any leg
+    assert two_blocks.record["power"] == power
+
+
+def test_record_v2_has_every_leg_and_pair(two_blocks: SimpleNamespace) -> None:
+    record = two_blocks.record
+    assert record["schema"] == SCHEMA_ABBA
+    assert isinstance(validate_record(record), ExperimentRecordV2)
+    assert sorted(record["runs"]) == sorted(EIGHT)  # canonical JSON: keys sorted
+    assert record["protocol"]["order"] == [f"{n}-{'candidate' if n[0] == 'B' else 'control'}"
+                                           for n in EIGHT]
+    assert sorted(record["pair_results"]) == [f"B{i}_vs_A{i}" for i in range(1, 5)]
+    assert record["protocol"]["pairs"] == [f"B{i}_vs_A{i}" for i in range(1, 5)]
+    assert record["protocol"]["blocks"] == 2 and record["protocol"]["design"] == "abba"
+    va = record["verdict_analysis"]
+    assert va["legs"] == 8 and va["blocks"] == 2 and va["df"] == 5 and va["rows_used"] == 3
+    assert va["ratio"] == pytest.approx(1.1, abs=0.02)
+    assert record["verdict"] == va["verdict"] == "FASTER"
+    assert va["record_verdict"] == "FASTER"
+    gate = record["record_gate"]
+    heads = [record["runs"][n]["headline_tok_s"] for n in EIGHT if n.startswith("B")]
+    assert gate["candidate_lower_start_tok_s"] == min(heads)
+    assert gate["strict_preregistered_record_pass"] is True, gate["reasons"]
+    assert record["metric_accounting"]["headline_leg"] in {"B1", "B2", "B3", "B4"}
+
+
+def test_two_block_record_verifies(two_blocks: SimpleNamespace) -> None:
+    assert verify_dir(two_blocks.exp) == []
+
+
+def test_aa_experiment_records_the_noise_and_claims_nothing(tmp_path: Path) -> None:
+    text = plan_toml("floor", design="aa", control=2000, candidate=2000, rows=3, idle=0,
+                     prior="value_tok_s = 1500")
+    text = text.split("[arms.candidate]")[0]  # one arm
+    path, plan = write_plan(tmp_path, text)
+    exp = tmp_path / "exp"
+    results = run_experiment(plan, exp, plan_text=path.read_bytes())
+    finish(exp, build_record(plan, exp, results))
+    record = json.loads((exp / "record.json").read_text())
+    assert {r.arm for r in results.values()} == {"control"}
+    assert record["protocol"]["order"] == ["A1-control", "B1-control", "B2-control",
+                                           "A2-control"]
+    va = record["verdict_analysis"]
+    assert va["leg_noise_df"] == 2 and va["leg_noise_sd_pct"] is not None
+    # the verdict itself is whatever this machine's noise gives (tested by simulation)
+    assert va["ratio"] is not None and va["ci_low"] < va["ratio"] < va["ci_high"]
+    assert record["status"] == "no_record"
+    assert record["record_gate"]["reasons"][0] == ("an A/A design measures the noise floor; "
+                                                   "it makes no speed claim")
+    assert verify_dir(exp) == []
+    # its noise feeds the planner of a real experiment
+    abba = tmp_path / "abba.toml"
+    abba.write_text(plan_toml("next", control=2000, candidate=2200, rows=3))
+    out = subprocess.run([sys.executable, "-m", "tokrecord", "plan", "power", str(abba),
+                          "--from", str(exp)], capture_output=True, text=True,
+                         env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}, check=False)
+    assert out.returncode == 0, out.stderr
+    assert f"leg {va['leg_noise_sd_pct']:.3f} %" in out.stdout
+    assert "on 2 df" in out.stdout and str(exp / "record.json") in out.stdout
+    assert "+3 %" in out.stdout and "blocks for 90 %" in out.stdout
+
+
+# --------------------------------------------------------------------------- before v2
+
+
+def test_a_v1_record_still_verifies_and_lints(tmp_path: Path) -> None:
+    copy = tmp_path / "abba"
+    shutil.copytree(V1, copy)
+    for p in [copy, *copy.rglob("*")]:  # sealed evidence is read-only, as sealed
+        p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    assert verify_dir(copy) == []
+    record = json.loads((copy / "record.json").read_text())
+    assert record["schema"] == SCHEMA_ABBA_V1 and "bootstrap" in record
+    assert isinstance(validate_record(record), ExperimentRecord)
+    assert lint_record(record) == []
+
+
+def test_a_v1_record_is_recomputed_by_the_v1_verdict(tmp_path: Path) -> None:
+    """Recomputed as v2, the same legs would give another verdict section: verify must
+    read the record's schema, not assume the newest."""
+    from tokrecord.experiment.plan import Plan
+
+    plan = Plan.model_validate(json.loads((V1 / "plan.json").read_text()))
+    record = json.loads((V1 / "record.json").read_text())
+    from tokrecord.record.verify import verify_leg
+
+    results = {}
+    for name, _ in plan.legs:
+        _, result = verify_leg(V1 / name / "attempt-1", V1)
+        assert result is not None
+        results[name] = result
+    again = json.loads(json.dumps(build_record(plan, V1, results, schema=SCHEMA_ABBA_V1)))
+    assert again["bootstrap"] == record["bootstrap"] and again["verdict"] == record["verdict"]
+    newer = build_record(plan, V1, results)
+    assert "bootstrap" not in newer and newer["verdict_analysis"]["df"] == 2
+
+
+# --------------------------------------------------------------------------- fake leg jitter
+
+
+def test_leg_jitter_is_seeded_by_leg_name() -> None:
+    a1 = leg_speed_factor(1.0, 5, "A1")
+    assert a1 == leg_speed_factor(1.0, 5, "A1") != leg_speed_factor(1.0, 5, "B1")
+    assert a1 != leg_speed_factor(1.0, 6, "A1")
+    assert leg_speed_factor(0.0, 5, "A1") == 1.0
+    factors = [leg_speed_factor(2.0, 1, f"L{i}") for i in range(2000)]
+    import numpy as np
+
+    logs = np.log(factors)
+    assert abs(float(np.mean(logs))) < 0.002 and float(np.std(logs)) == pytest.approx(0.02,
+                                                                                      rel=0.08)
+
+
+def test_leg_jitter_scales_the_rate_and_is_validated() -> None:
+    config = config_from_args(["--port", "0", "--tok-s", "1000"],
+                              {"TOKRECORD_FAKE_LEG_JITTER_PCT": "1",
+                               "TOKRECORD_FAKE_LEG_JITTER_SEED": "5", "TOKRECORD_LEG": "B1"})
+    assert config.speed_factor == leg_speed_factor(1.0, 5, "B1")
+    assert config.tok_s == pytest.approx(1000 * config.speed_factor, rel=1e-12)
+    from tokrecord.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="leg_jitter_pct must be 0..50"):
+        config_from_args(["--port", "0", "--leg-jitter-pct", "80"], {})
