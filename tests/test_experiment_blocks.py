@@ -15,12 +15,18 @@ from types import SimpleNamespace
 import pytest
 
 from test_experiment_fake import events, plan_toml, write_plan
-from tokrecord.experiment.runner import build_record, finish, run_experiment
+from tokrecord.experiment.runner import (
+    NullExperimentObserver,
+    build_record,
+    finish,
+    run_experiment,
+)
 from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1
 from tokrecord.record.lint import lint_record
 from tokrecord.record.schema import ExperimentRecord, ExperimentRecordV2, validate_record
 from tokrecord.record.verify import verify_dir
 from tokrecord.server.fake import config_from_args, leg_speed_factor
+from tokrecord.suite import SuiteRow
 
 V1 = Path(__file__).parent / "fixtures" / "v1-record" / "abba"
 EIGHT = ["A1", "B1", "B2", "A2", "B3", "A3", "A4", "B4"]
@@ -35,7 +41,7 @@ sd_row_pct = 0.5
 @pytest.fixture(scope="module")
 def two_blocks(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     root = tmp_path_factory.mktemp("blocks")
-    path, plan = write_plan(root, plan_toml("two-blocks", control=2000, candidate=2200, rows=3,
+    path, plan = write_plan(root, plan_toml("two-blocks", control=2000, candidate=3000, rows=3,
                                             idle=0, prior="value_tok_s = 1950", extra=POWERED))
     exp = root / "exp"
     results = run_experiment(plan, exp, plan_text=path.read_bytes())
@@ -78,7 +84,9 @@ def test_record_v2_has_every_leg_and_pair(two_blocks: SimpleNamespace) -> None:
     assert record["protocol"]["blocks"] == 2 and record["protocol"]["design"] == "abba"
     va = record["verdict_analysis"]
     assert va["legs"] == 8 and va["blocks"] == 2 and va["df"] == 5 and va["rows_used"] == 3
-    assert va["ratio"] == pytest.approx(1.1, abs=0.02)
+    # +50 %: so large that a leg disturbed by this machine's other load (a delivery stall
+    # can move a 3-row leg's headline by 15 %) cannot hide it
+    assert va["ratio"] == pytest.approx(1.5, abs=0.1)
     assert record["verdict"] == va["verdict"] == "FASTER"
     assert va["record_verdict"] == "FASTER"
     gate = record["record_gate"]
@@ -183,5 +191,40 @@ def test_leg_jitter_scales_the_rate_and_is_validated() -> None:
     assert config.tok_s == pytest.approx(1000 * config.speed_factor, rel=1e-12)
     from tokrecord.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="leg_jitter_pct must be 0..50"):
+    with pytest.raises(ConfigError, match=r"leg_jitter_pct must be 0\.\.50"):
         config_from_args(["--port", "0", "--leg-jitter-pct", "80"], {})
+
+
+# --------------------------------------------------------------------------- resume in block 2
+
+
+class _StopIn(NullExperimentObserver):
+    """Ctrl-C in the middle of one leg's second row, once."""
+
+    def __init__(self, leg: str) -> None:
+        self.leg, self.current, self.fired = leg, "", False
+
+    def leg_starting(self, name: str, arm: str, attempt: int, index: int, total: int) -> None:
+        self.current = name
+
+    def row_started(self, index: int, row: SuiteRow, total: int) -> None:
+        if self.current == self.leg and index == 1 and not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt
+
+
+def test_an_interrupted_second_block_resumes_to_a_record_that_verifies(tmp_path: Path) -> None:
+    path, plan = write_plan(tmp_path, plan_toml("resume-b2", control=2000, candidate=2200, rows=3,
+                                                idle=0, extra="blocks = 2\n"))
+    exp = tmp_path / "exp"
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(plan, exp, _StopIn("A3"), plan_text=path.read_bytes())
+    assert (exp / "A3" / "attempt-1").is_dir() and not (exp / "A4").exists()
+    results = run_experiment(plan, exp, plan_text=path.read_bytes())
+    finish(exp, build_record(plan, exp, results))
+    record = json.loads((exp / "record.json").read_text())
+    tries = [(a["leg"], a["attempt"], a["status"]) for a in record["attempts"]]
+    assert ("A3", 1, "interrupted") in tries and ("A3", 2, "complete") in tries
+    assert record["runs"]["A3"]["attempts"] == 2 and record["quality"]["retries"] == 1
+    assert sorted(record["runs"]) == sorted(EIGHT)
+    assert verify_dir(exp) == []

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tokrecord.demo.plan import DEMO_IDLE, demo_plan
 from tokrecord.evidence import read_jsonl
 from tokrecord.experiment.audit import audit_suite, judge_audit
 from tokrecord.experiment.leg import LegConfig, LegResult, ServerSpec, run_leg
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.engine
 def abba(engine_python: Path, demo_model: Path, tmp_path_factory: pytest.TempPathFactory
          ) -> tuple[dict[str, LegResult], dict[str, Any], Path]:
     exp_dir = tmp_path_factory.mktemp("vllm-abba") / "demo"
-    plan = embedded.demo_plan(engine_python, demo_model, idle_gap_s=2.0)
+    plan = demo_plan(engine_python, demo_model, idle_gap_s=2.0)
     results = run_experiment(plan, exp_dir)
     record = build_record(plan, exp_dir, results)
     finish(exp_dir, record)
@@ -130,12 +131,12 @@ def test_every_leg_carries_idle_gates_and_host_telemetry(
     assert record["quality"]["idle_before_and_after_all_legs"] is True
     assert record["quality"]["same_hardware_all_legs"] is True
     assert record["hardware"]["hw_class"] in ("CPU_ONLY", "DISCRETE_GPU")
-    consecutive = embedded.DEMO_IDLE.consecutive
+    consecutive = DEMO_IDLE.consecutive
     for leg in ("A1", "B1", "B2", "A2"):
         op = record["operational"]["legs"][leg]
         assert op["prestart_idle_snapshots"] >= consecutive, op
         assert op["poststop_idle_snapshots"] >= consecutive, op
-        assert op["prestart_idle_seconds"] >= consecutive * embedded.DEMO_IDLE.interval_s * 0.9
+        assert op["prestart_idle_seconds"] >= consecutive * DEMO_IDLE.interval_s * 0.9
         tel = record["runs"][leg]["telemetry"]
         # 13 rows x 512 tokens take tens of seconds: dozens of half-second samples
         assert tel["samples_in_window"] >= 10, tel
@@ -168,7 +169,7 @@ def test_prefix_caching_fails_cached_tokens_gate_and_audit(
                           env=embedded.ENGINE_ENV, model=str(demo_model),
                           served_model=embedded.SERVED_MODEL, ready_timeout_s=600),
         suite=audit_suite(load_suite(), None),
-        gates=GateConfig(), idle=embedded.DEMO_IDLE,
+        gates=GateConfig(), idle=DEMO_IDLE,
     )
     result = run_leg(config, tmp_path / "audit")
     assert result.status == "complete", result.error

@@ -313,13 +313,14 @@ def demo(
 ) -> None:
     """A full preregistered ABBA on the embedded engine: plain vs ngram speculative decoding."""
     from tokrecord.demo.model import build_demo_model
+    from tokrecord.demo.plan import demo_plan
     from tokrecord.server import embedded
 
     python = embedded.ensure_engine(lambda m: err_console.print(f"[dim]{m}[/]"))
     err_console.print("building the demo model (cached after the first time)…")
     model_dir = build_demo_model(embedded.cache_root() / "models")
     err_console.print(f"demo model: {model_dir}")
-    plan = embedded.demo_plan(python, model_dir, rows=rows, idle_gap_s=idle_gap)
+    plan = demo_plan(python, model_dir, rows=rows, idle_gap_s=idle_gap)
     err_console.print(
         f"demo: teacher from the plain arm, then A1 B1 B2 A2 (control plain, candidate ngram), "
         f"{plan.suite_rows or 13} rows each, {idle_gap:g} s idle gap between legs (a real plan "

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokrecord import __version__
 from tokrecord.client import Endpoint, RowTrace, build_body, stream_row
 from tokrecord.errors import StreamError, TokrecordError
-from tokrecord.evidence import RunDir, canonical_json, read_jsonl
+from tokrecord.evidence import RunDir, canonical_json, layout, read_jsonl
 from tokrecord.gates import (
     GateConfig,
     GateResult,
@@ -284,16 +284,16 @@ def run_leg(
     argv = render_argv(spec.argv, {"port": str(port), "host": spec.host, "model": spec.model})
     # The leg's clock: every recorded time is nanoseconds since this instant.
     epoch_ns = time.perf_counter_ns()
-    run.write_json("config.json", {**_resolved_config(config, argv, port), "clock": {
+    run.write_json(layout.CONFIG, {**_resolved_config(config, argv, port), "clock": {
         "source": "time.perf_counter_ns (CLOCK_MONOTONIC)", "unit": "ns since epoch",
         "epoch_ns": str(epoch_ns)}})
     run.write_bytes(
-        "suite.jsonl", b"".join(canonical_json(r.model_dump()) + b"\n" for r in config.suite.rows)
+        layout.SUITE, b"".join(canonical_json(r.model_dump()) + b"\n" for r in config.suite.rows)
     )
-    events = run.jsonl("events.jsonl")
+    events = run.jsonl(layout.EVENTS)
     # The leg's name goes to the server as TOKRECORD_LEG: a wrapper script (or the fake
     # server's seeded leg jitter) may use it; nothing else is added to the arm's env.
-    server = ServerProcess(argv, port=port, host=spec.host, log_path=run.file("server.log"),
+    server = ServerProcess(argv, port=port, host=spec.host, log_path=run.file(layout.SERVER_LOG),
                            env={**spec.env, LEG_ENV: config.name},
                            stop_grace_s=spec.stop_grace_s)
     records: list[RowRecord] = []
@@ -310,8 +310,8 @@ def run_leg(
         lambda base, timeout: httpx.Client(base_url=base, timeout=httpx.Timeout(timeout, connect=10.0))
     )
     try:
-        run.write_json("probes.json", {"backends": probe_set.backends, "notes": probe_set.notes})
-        run.write_json("hardware.json", describe_hardware(
+        run.write_json(layout.PROBES, {"backends": probe_set.backends, "notes": probe_set.notes})
+        run.write_json(layout.HARDWARE, describe_hardware(
             probe_set.snapshot(), cpu=cpu_model(), os=os_name()))
         idle["before"] = before_gate = _idle_gate(run, probe_set, config.idle, "before", obs)
         if not before_gate.passed:
@@ -319,13 +319,13 @@ def run_leg(
                 f"the machine did not become idle within {config.idle.timeout_s:g} s "
                 f"({before_gate.snapshots} snapshots): {before_gate.reason}; the leg did not start")
         if config.telemetry.enabled:
-            sampler = TelemetrySampler(run.file("telemetry.jsonl"), config.telemetry.interval_s,
+            sampler = TelemetrySampler(run.file(layout.TELEMETRY), config.telemetry.interval_s,
                                        epoch_ns)
-        obs.server_starting(argv, run.file("server.log"))
+        obs.server_starting(argv, run.file(layout.SERVER_LOG))
         server.start()
         started = True
         # So a later resume can find (and stop) a server orphaned by a hard kill.
-        run.write_json("server.json", {"pid": server.pid, "pgid": server.pid, "port": port,
+        run.write_json(layout.SERVER_INFO, {"pid": server.pid, "pgid": server.pid, "port": port,
                                        "argv": argv, "create_time": server.create_time})
         ready_s = server.wait_ready(spec.ready_timeout_s, model=spec.request_model,
                                     on_poll=obs.server_waiting)
@@ -333,7 +333,7 @@ def run_leg(
         with make_http(server.base_url, config.request_timeout_s) as http:
             text = _scrape(http, spec.metrics_path)
             if text is not None:
-                run.write_text("metrics-before.prom", text)
+                run.write_text(layout.METRICS_BEFORE, text)
                 before = parse_counters(text)
             total = len(config.suite.rows)
             for i, row in enumerate(config.suite.rows):
@@ -349,7 +349,7 @@ def run_leg(
                 obs.row_finished(i, record)
             text = _scrape(http, spec.metrics_path)
             if text is not None:
-                run.write_text("metrics-after.prom", text)
+                run.write_text(layout.METRICS_AFTER, text)
                 after = parse_counters(text)
         status = "complete"
     except KeyboardInterrupt:
@@ -366,7 +366,7 @@ def run_leg(
         if started:
             cleanup = server.stop()
             obs.server_stopped(cleanup)
-            run.write_json("cleanup.json", {**cleanup.model_dump(mode="json"),
+            run.write_json(layout.CLEANUP, {**cleanup.model_dump(mode="json"),
                                             "passed": cleanup.passed})
         if sampler is not None:
             sampler_problem = sampler.stop()
@@ -376,7 +376,7 @@ def run_leg(
                 idle["after"] = _idle_gate(run, probe_set, config.idle, "after", obs)
         probe_set.close()
         if idle["before"] is not None:
-            run.write_json("idle.json", {
+            run.write_json(layout.IDLE, {
                 phase: r.model_dump(mode="json") if r else None for phase, r in idle.items()})
         events.close()
         if status != "complete":
@@ -404,20 +404,20 @@ def _write_results(
     sampler_problem: str | None,
 ) -> LegResult:
     summary, engine = compute_leg(records, config, before, after)
-    samples, _ = read_samples(run.file("telemetry.jsonl"))
+    samples, _ = read_samples(run.file(layout.TELEMETRY))
     telemetry = leg_telemetry(records, config, summary, samples)
     if telemetry is not None:
         if sampler_problem:
             telemetry = telemetry.model_copy(update={"notes": (*telemetry.notes, sampler_problem)})
-        run.write_json("telemetry.json", telemetry.model_dump(mode="json", by_alias=True))
+        run.write_json(layout.TELEMETRY_SUMMARY, telemetry.model_dump(mode="json", by_alias=True))
     if teacher is not None:
         run.write_json("teacher.json", teacher.to_json())
     gates = evaluate_gates(
         records, config, engine, cleanup, teacher,
-        requests=[e for e in read_jsonl(run.file("events.jsonl")) if e["kind"] == "request"],
+        requests=[e for e in read_jsonl(run.file(layout.EVENTS)) if e["kind"] == "request"],
         metrics_before=before,
-        server_log=run.file("server.log").read_text(errors="replace")
-        if run.file("server.log").exists() else "",
+        server_log=run.file(layout.SERVER_LOG).read_text(errors="replace")
+        if run.file(layout.SERVER_LOG).exists() else "",
         idle=idle,
     )
     valid, invalid = leg_valid(gates)
@@ -439,13 +439,13 @@ def _write_results(
         gates=tuple(gates), valid=valid, invalid_reasons=tuple(invalid),
         run_dir=str(run.path),
     )
-    run.write_json("gates.json", {"schema": SCHEMA_GATES, "valid": valid,
+    run.write_json(layout.GATES, {"schema": SCHEMA_GATES, "valid": valid,
                                   "gates": [g.model_dump(mode="json") for g in gates]})
-    run.write_json("rows.json", {"schema": SCHEMA_ROWS,
+    run.write_json(layout.ROWS, {"schema": SCHEMA_ROWS,
                                  "rows": [r.model_dump(mode="json") for r in records]})
-    run.write_json("summary.json", result.model_dump(mode="json", by_alias=True))
+    run.write_json(layout.SUMMARY, result.model_dump(mode="json", by_alias=True))
     if error is not None:
-        run.write_json("error.json", {"status": status, "error": error,
+        run.write_json(layout.ERROR, {"status": status, "error": error,
                                       "rows_completed": len(records)})
     return result
 
@@ -502,7 +502,7 @@ def evaluate_gates(
 def load_rows(run_dir: Path) -> list[RowRecord]:
     import json
 
-    data = json.loads((run_dir / "rows.json").read_text(encoding="utf-8"))
+    data = json.loads((run_dir / layout.ROWS).read_text(encoding="utf-8"))
     return [RowRecord.model_validate(r) for r in data["rows"]]
 
 

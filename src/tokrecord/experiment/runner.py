@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import psutil
 
 from tokrecord.errors import ConfigError, TokrecordError
-from tokrecord.evidence import JsonlWriter, canonical_json, read_jsonl
+from tokrecord.evidence import JsonlWriter, canonical_json, layout, read_jsonl
 from tokrecord.evidence.seal import SigningKey, load_or_create_key, seal
 from tokrecord.experiment.leg import (
     LegConfig,
@@ -44,8 +44,8 @@ from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.identity import IdentitySpec, collect_identity
 from tokrecord.suite import Suite, load_suite
 
-STATE = "experiment.jsonl"
-POWER_FILE = "power.json"
+STATE = layout.STATE
+POWER_FILE = layout.POWER
 
 
 class ExperimentObserver(LegObserver, Protocol):
@@ -110,20 +110,13 @@ def _utc() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _attempt_dirs(leg_dir: Path) -> list[Path]:
-    if not leg_dir.is_dir():
-        return []
-    return sorted((p for p in leg_dir.iterdir() if p.name.startswith("attempt-")),
-                  key=lambda p: int(p.name.split("-")[1]))
-
-
-def _complete(run_dir: Path) -> LegResult | None:
-    summary = run_dir / "summary.json"
-    if not summary.exists():
+def _complete(leg_dir: Path) -> LegResult | None:
+    """The leg's complete attempt (layout.complete_attempt) as a result, if it has one."""
+    run_dir = layout.complete_attempt(leg_dir)
+    if run_dir is None:
         return None
-    result = LegResult.model_validate(json.loads(summary.read_text(encoding="utf-8")))
-    if result.status != "complete":
-        return None
+    result = LegResult.model_validate(json.loads((run_dir / layout.SUMMARY).read_text(
+        encoding="utf-8")))
     # The directory as found now: the experiment may be resumed from elsewhere.
     return result.model_copy(update={"run_dir": str(run_dir)})
 
@@ -154,8 +147,8 @@ def _stop_orphan(run_dir: Path) -> bool:
 def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
     """Write the plan and its hash before anything runs; on resume, check it is unchanged."""
     state_path = exp_dir / STATE
-    if (exp_dir / "plan.sha256").exists():
-        registered = (exp_dir / "plan.sha256").read_text().split()[0]
+    if (exp_dir / layout.PLAN_HASH).exists():
+        registered = (exp_dir / layout.PLAN_HASH).read_text().split()[0]
         if registered != plan.sha256:
             raise ConfigError(
                 f"{exp_dir} holds a different preregistered plan ({registered[:12]}…); this plan "
@@ -163,7 +156,7 @@ def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
                 "new plan a new name or --out"
             )
         state = _State(state_path)
-        if any(e["event"] == "complete" for e in state.events) or (exp_dir / "record.json").exists():
+        if any(e["event"] == "complete" for e in state.events) or (exp_dir / layout.RECORD).exists():
             raise ConfigError(
                 f"experiment {exp_dir} is complete; a preregistered plan is run once "
                 "(no fifth leg, no re-run): see its record.json"
@@ -173,25 +166,25 @@ def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
     if exp_dir.exists() and any(exp_dir.iterdir()):
         raise ConfigError(f"{exp_dir} exists and is not an experiment directory")
     exp_dir.mkdir(parents=True, exist_ok=True)
-    with open(exp_dir / "plan.json", "xb") as fh:
+    with open(exp_dir / layout.PLAN, "xb") as fh:
         fh.write(plan.canonical() + b"\n")
-    with open(exp_dir / "plan.sha256", "x", encoding="utf-8") as fh:
+    with open(exp_dir / layout.PLAN_HASH, "x", encoding="utf-8") as fh:
         fh.write(f"{plan.sha256}  plan.json\n")
     if plan_text is not None:
-        with open(exp_dir / "plan.toml", "xb") as fh:
+        with open(exp_dir / layout.PLAN_TOML, "xb") as fh:
             fh.write(plan_text)
     state = _State(state_path)
     state.append("preregistered", plan_sha256=plan.sha256, name=plan.name,
                  design=plan.design.value, legs=[n for n, _ in plan.legs])
     if plan.min_effect_pct is not None:
-        report = power_report(plan, plan_noise(plan, str(exp_dir / "plan.json")),
+        report = power_report(plan, plan_noise(plan, str(exp_dir / layout.PLAN)),
                               len(plan_suite(plan).rows))
         with open(exp_dir / POWER_FILE, "xb") as fh:
             fh.write(canonical_json(report.model_dump(mode="json")) + b"\n")
         state.append("power_computed", path=POWER_FILE, min_effect_pct=plan.min_effect_pct,
                      power=report.min_effect_power, blocks=plan.blocks)
-    identity = collect_identity(_identity_spec(plan), exp_dir / "identity", engine_python(plan))
-    with open(exp_dir / "identity.json", "xb") as fh:
+    identity = collect_identity(_identity_spec(plan), exp_dir / layout.IDENTITY_DIR, engine_python(plan))
+    with open(exp_dir / layout.IDENTITY, "xb") as fh:
         fh.write(canonical_json(identity.model_dump(mode="json")) + b"\n")
     state.append("identity_collected", path="identity.json")
     return state
@@ -223,16 +216,14 @@ def _run_attempts(
     """Keep a complete attempt; else mark earlier ones interrupted, wait `before_run`
     (the idle gap, measured after any orphaned server is stopped) and run a fresh one."""
     name = leg_dir.name
-    attempts = _attempt_dirs(leg_dir)
-    for run_dir in attempts:
-        done = _complete(run_dir)
-        if done is not None:
-            observer.leg_kept(name, done)
-            return done
+    done = _complete(leg_dir)
+    if done is not None:
+        observer.leg_kept(name, done)
+        return done
     _reconcile(state, leg_dir)
     before_run()
-    attempt = len(attempts) + 1
-    run_dir = leg_dir / f"attempt-{attempt}"
+    attempt = len(layout.attempts(leg_dir)) + 1
+    run_dir = layout.attempt_dir(leg_dir, attempt)
     config = make_config(attempt)
     observer.leg_starting(name, config.arm, attempt, index, total)
     state.append("leg_start", leg=name, arm=config.arm, attempt=attempt, run_dir=str(run_dir))
@@ -255,10 +246,10 @@ def _reconcile(state: _State, leg_dir: Path) -> None:
     """Before anything else runs: stop a server a hard kill left behind, and write the
     end event the killed run never wrote, so the log and the idle gap see it."""
     name = leg_dir.name
-    for run_dir in _attempt_dirs(leg_dir):
-        if _complete(run_dir) is not None:
+    for run_dir in layout.attempts(leg_dir):
+        if layout.summary_status(run_dir) == "complete":
             continue
-        attempt = int(run_dir.name.split("-")[1])
+        attempt = layout.attempt_number(run_dir)
         # Matched by (leg, attempt): the same directory may be spelled differently on resume.
         recorded = any(e["event"] == "leg_end" and e.get("leg") == name
                        and e.get("attempt") == attempt for e in state.events)
@@ -279,12 +270,12 @@ def _teacher(plan: Plan, exp_dir: Path, suite: Suite, state: _State,
             raise ConfigError(f"{plan.teacher}: teacher was captured on another suite "
                               f"({teacher.suite_name})")
         return teacher
-    path = exp_dir / "teacher.json"
+    path = exp_dir / layout.TEACHER
     if path.exists():
         return load_teacher(path)
     arm: ArmName = "control" if "control" in plan.arms else "candidate"
     result = _run_attempts(
-        state, exp_dir / "teacher",
+        state, exp_dir / layout.TEACHER_LEG,
         lambda k: leg_config(plan, suite, "teacher", arm, k).model_copy(update={"name": "teacher"}),
         observer, None, 0, len(plan.legs),
     )

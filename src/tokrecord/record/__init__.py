@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tokrecord.errors import ConfigError
+from tokrecord.evidence import layout
 from tokrecord.experiment.leg import LegResult, RowRecord
 from tokrecord.experiment.plan import Design, Plan, abba_pairs
 from tokrecord.experiment.stats import (
@@ -39,9 +40,6 @@ from tokrecord.metrics import EngineCounters
 SCHEMA_ABBA = "tokrecord.experiment-record/v2"
 SCHEMA_ABBA_V1 = "tokrecord.experiment-record/v1"
 SCHEMA_SINGLE = "tokrecord.single-leg-record/v1"
-EVIDENCE_FILES = ("summary.json", "rows.json", "events.jsonl", "gates.json", "config.json",
-                  "server.log", "cleanup.json", "metrics-before.prom", "metrics-after.prom",
-                  "idle.json", "telemetry.jsonl", "hardware.json")
 FORMULAS = {
     "conventional": "99 / (timestamp[100] - timestamp[1])",
     "legacy-inclusive-events": "100 / (timestamp[100] - timestamp[1])",
@@ -50,7 +48,7 @@ FORMULAS = {
 
 
 def evidence_hashes(run_dir: Path) -> dict[str, str]:
-    return {name: sha256_file(run_dir / name) for name in EVIDENCE_FILES
+    return {name: sha256_file(run_dir / name) for name in layout.EVIDENCE_FILES
             if (run_dir / name).exists()}
 
 
@@ -250,7 +248,7 @@ def abba_record(
 def hardware(result: LegResult) -> dict[str, Any] | None:
     """What the probes saw at the start of the leg (hardware.json), or None for
     evidence made before probes existed."""
-    path = Path(result.run_dir) / "hardware.json"
+    path = Path(result.run_dir) / layout.HARDWARE
     if not path.exists():
         return None
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
@@ -259,7 +257,7 @@ def hardware(result: LegResult) -> dict[str, Any] | None:
 
 def identity_summary(exp_dir: Path) -> dict[str, Any]:
     """The identity facts a reader looks for first, and the hash of the full file."""
-    path = exp_dir / "identity.json"
+    path = exp_dir / layout.IDENTITY
     if not path.exists():
         return {}
     ident = json.loads(path.read_text(encoding="utf-8"))

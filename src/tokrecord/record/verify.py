@@ -19,7 +19,7 @@ from typing import Any
 
 from tokrecord.client.stream import replay_row
 from tokrecord.errors import TokrecordError
-from tokrecord.evidence import read_jsonl
+from tokrecord.evidence import layout, read_jsonl
 from tokrecord.evidence.seal import (
     ADDENDA_SUFFIX,
     ADDENDUM_FILE_NAME,
@@ -106,16 +106,16 @@ def _leg_config(run_dir: Path, base: Path, problems: list[Problem]
                 ) -> tuple[LegConfig | None, bool]:
     """The leg's configuration, and whether it predates idle gates and telemetry
     (see _ADDED_LATER)."""
-    raw = _load_json(run_dir / "config.json", base, problems)
+    raw = _load_json(run_dir / layout.CONFIG, base, problems)
     if raw is None:
         return None, False
     legacy = "idle" not in raw.get("leg", {})
     try:
-        rows = parse_suite((run_dir / "suite.jsonl").read_bytes(), "suite.jsonl").rows
+        rows = parse_suite((run_dir / layout.SUITE).read_bytes(), layout.SUITE).rows
         suite = Suite(name=raw["suite"]["name"], sha256=raw["suite"]["sha256"], rows=rows)
         return LegConfig.model_validate({**raw["leg"], "suite": suite}), legacy
     except (OSError, KeyError, TokrecordError, ValueError) as exc:
-        problems.append(Problem(file=_rel(run_dir / "config.json", base), field="(file)",
+        problems.append(Problem(file=_rel(run_dir / layout.CONFIG, base), field="(file)",
                                 message=f"cannot rebuild the leg configuration: {exc}"))
         return None, legacy
 
@@ -124,15 +124,15 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
     """Recompute one leg from its raw evidence; compare with what it recorded."""
     problems: list[Problem] = []
     config, legacy = _leg_config(run_dir, base, problems)
-    summary_raw = _load_json(run_dir / "summary.json", base, problems)
-    rows_raw = _load_json(run_dir / "rows.json", base, problems)
-    gates_raw = _load_json(run_dir / "gates.json", base, problems)
+    summary_raw = _load_json(run_dir / layout.SUMMARY, base, problems)
+    rows_raw = _load_json(run_dir / layout.ROWS, base, problems)
+    gates_raw = _load_json(run_dir / layout.GATES, base, problems)
     if config is None or summary_raw is None or rows_raw is None:
         return problems, None
     try:
-        events = read_jsonl(run_dir / "events.jsonl")
+        events = read_jsonl(run_dir / layout.EVENTS)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        problems.append(Problem(file=_rel(run_dir / "events.jsonl", base), field="(file)",
+        problems.append(Problem(file=_rel(run_dir / layout.EVENTS, base), field="(file)",
                                 message=f"cannot parse the raw events: {exc}"))
         return problems, None
     records: list[RowRecord] = []
@@ -144,10 +144,10 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
             records.append(RowRecord(trace=trace,
                                      metrics=row_metrics(trace.t_send_ns, trace.chunks)))
         except (TokrecordError, KeyError, ValueError, IndexError) as exc:
-            problems.append(Problem(file=_rel(run_dir / "events.jsonl", base),
+            problems.append(Problem(file=_rel(run_dir / layout.EVENTS, base),
                                     field=f"row {i}", message=str(exc)))
             return problems, None
-    rows_file = _rel(run_dir / "rows.json", base)
+    rows_file = _rel(run_dir / layout.ROWS, base)
     for field, message in diff(rows_raw.get("rows"), [r.model_dump(mode="json") for r in records],
                                "rows"):
         problems.append(Problem(file=rows_file, field=field, message=message))
@@ -156,23 +156,23 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
         path = run_dir / name
         return parse_counters(path.read_text(encoding="utf-8")) if path.exists() else None
 
-    before, after = counters("metrics-before.prom"), counters("metrics-after.prom")
+    before, after = counters(layout.METRICS_BEFORE), counters(layout.METRICS_AFTER)
     summary, engine = compute_leg(records, config, before, after)
-    summary_file = _rel(run_dir / "summary.json", base)
+    summary_file = _rel(run_dir / layout.SUMMARY, base)
     for field, message in diff(summary_raw.get("summary"), summary.model_dump(mode="json"),
                                "summary"):
         problems.append(Problem(file=summary_file, field=field, message=message))
     for field, message in diff(summary_raw.get("engine"),
                                engine.model_dump(mode="json") if engine else None, "engine"):
         problems.append(Problem(file=summary_file, field=field, message=message))
-    cleanup_raw = _load_json(run_dir / "cleanup.json", base, problems) \
-        if (run_dir / "cleanup.json").exists() else None
+    cleanup_raw = _load_json(run_dir / layout.CLEANUP, base, problems) \
+        if (run_dir / layout.CLEANUP).exists() else None
     cleanup = (CleanupReport.model_validate({k: v for k, v in cleanup_raw.items() if k != "passed"})
                if cleanup_raw else None)
     teacher = load_teacher(run_dir / "teacher.json") if (run_dir / "teacher.json").exists() else None
     log = run_dir / "server.log"
-    idle_raw = _load_json(run_dir / "idle.json", base, problems) \
-        if (run_dir / "idle.json").exists() else {}
+    idle_raw = _load_json(run_dir / layout.IDLE, base, problems) \
+        if (run_dir / layout.IDLE).exists() else {}
     idle: dict[str, IdleResult | None] = {
         phase: IdleResult.model_validate(v) if v else None for phase, v in (idle_raw or {}).items()}
     for phase in ("before", "after"):
@@ -181,7 +181,7 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
         found = got.model_dump(mode="json") if got is not None else None
         for field, message in diff(recorded, found, f"idle_{phase}"):
             problems.append(Problem(file=summary_file, field=field, message=message))
-    samples, _ = read_samples(run_dir / "telemetry.jsonl")
+    samples, _ = read_samples(run_dir / layout.TELEMETRY)
     telemetry = None if legacy else leg_telemetry(records, config, summary, samples)
     recorded_tel = summary_raw.get("telemetry")
     if telemetry is not None and recorded_tel is not None:
@@ -200,7 +200,7 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
     if gates_raw is not None:
         for field, message in diff(gates_raw.get("gates"),
                                    [g.model_dump(mode="json") for g in gates], "gates"):
-            problems.append(Problem(file=_rel(run_dir / "gates.json", base), field=field,
+            problems.append(Problem(file=_rel(run_dir / layout.GATES, base), field=field,
                                     message=message))
     try:
         result = LegResult.model_validate(summary_raw)
@@ -218,28 +218,25 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
 
 
 def _leg_dirs(exp_dir: Path) -> dict[str, Path]:
-    """The complete attempt of each leg (the last one with a complete summary)."""
+    """The attempt of each leg that counts (layout.complete_attempt), or one whose summary
+    cannot be read, so that verify_leg names it."""
     found: dict[str, Path] = {}
-    for leg_dir in sorted(p for p in exp_dir.iterdir() if p.is_dir()):
-        for attempt in sorted(leg_dir.glob("attempt-*"), key=lambda p: int(p.name.split("-")[1])):
-            summary = attempt / "summary.json"
-            if summary.exists():
-                try:
-                    if json.loads(summary.read_text()).get("status") == "complete":
-                        found[leg_dir.name] = attempt
-                except (OSError, json.JSONDecodeError):
-                    found[leg_dir.name] = attempt  # verify_leg reports it
+    for leg_dir in layout.leg_dirs(exp_dir):
+        counted = [p for p in layout.attempts(leg_dir)
+                   if layout.summary_status(p) in ("complete", "unreadable")]
+        if counted:
+            found[leg_dir.name] = counted[-1]
     return found
 
 
 def verify_dir(directory: Path, expected_fingerprint: str | None = None) -> list[Problem]:
     """Every problem found in a sealed leg or experiment directory (empty: verified)."""
     problems: list[Problem] = []
-    if expected_fingerprint is None and (directory / "record.json").exists():
+    if expected_fingerprint is None and (directory / layout.RECORD).exists():
         # Without a fingerprint from the user, at least the key must be the one the
         # record names (a re-seal by another key shows).
         try:
-            seal_info = json.loads((directory / "record.json").read_text()).get("seal") or {}
+            seal_info = json.loads((directory / layout.RECORD).read_text()).get("seal") or {}
             expected_fingerprint = seal_info.get("public_key_fingerprint")
         except (OSError, json.JSONDecodeError, AttributeError):
             pass
@@ -250,9 +247,9 @@ def verify_dir(directory: Path, expected_fingerprint: str | None = None) -> list
                                 message="not sealed: no manifest.sha256"))
     if (directory / ADDENDUM_FILE_NAME).exists():
         problems.extend(_verify_addendum(directory))
-    elif (directory / "plan.json").exists():
+    elif (directory / layout.PLAN).exists():
         problems.extend(_verify_experiment(directory))
-    elif (directory / "summary.json").exists():
+    elif (directory / layout.SUMMARY).exists():
         problems.extend(verify_leg(directory, directory)[0])
     else:
         problems.append(Problem(file=".", field="(dir)",
@@ -286,14 +283,14 @@ def _verify_experiment(exp_dir: Path) -> list[Problem]:
     from tokrecord.experiment.runner import build_record
 
     problems: list[Problem] = []
-    plan_raw = _load_json(exp_dir / "plan.json", exp_dir, problems)
+    plan_raw = _load_json(exp_dir / layout.PLAN, exp_dir, problems)
     if plan_raw is None:
         return problems
     plan = Plan.model_validate(plan_raw)
-    registered = (exp_dir / "plan.sha256").read_text().split()[0] \
-        if (exp_dir / "plan.sha256").exists() else None
+    registered = (exp_dir / layout.PLAN_HASH).read_text().split()[0] \
+        if (exp_dir / layout.PLAN_HASH).exists() else None
     if registered != plan.sha256:
-        problems.append(Problem(file="plan.sha256", field="sha256",
+        problems.append(Problem(file=layout.PLAN_HASH, field="sha256",
                                 message=f"preregistered {registered}, plan.json hashes to {plan.sha256}"))
     results: dict[str, LegResult] = {}
     for name, run_dir in _leg_dirs(exp_dir).items():
@@ -301,18 +298,18 @@ def _verify_experiment(exp_dir: Path) -> list[Problem]:
         problems.extend(leg_problems)
         if result is not None and name != "teacher":
             if result.plan_sha256 != plan.sha256:
-                problems.append(Problem(file=_rel(run_dir / "summary.json", exp_dir),
+                problems.append(Problem(file=_rel(run_dir / layout.SUMMARY, exp_dir),
                                         field="plan_sha256",
                                         message="leg does not carry the preregistered plan hash"))
             results[name] = result
     record_path = exp_dir / "record.json"
     if not record_path.exists():
-        problems.append(Problem(file="record.json", field="(file)", message="missing"))
+        problems.append(Problem(file=layout.RECORD, field="(file)", message="missing"))
         return problems
     recorded = _load_json(record_path, exp_dir, problems)
     if recorded is None or set(results) != {n for n, _ in plan.legs}:
         if recorded is not None:
-            problems.append(Problem(file="record.json", field="runs",
+            problems.append(Problem(file=layout.RECORD, field="runs",
                                     message=f"complete legs found: {sorted(results)}"))
         return problems
     ordered = {name: results[name] for name, _ in plan.legs}  # design order, as when run
@@ -320,5 +317,5 @@ def _verify_experiment(exp_dir: Path) -> list[Problem]:
     recomputed = build_record(plan, exp_dir, ordered, schema=recorded.get("schema"))
     recomputed = json.loads(json.dumps(recomputed))  # the same JSON types as the file
     for field, message in diff(recorded, recomputed):
-        problems.append(Problem(file="record.json", field=field, message=message))
+        problems.append(Problem(file=layout.RECORD, field=field, message=message))
     return problems

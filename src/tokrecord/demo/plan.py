@@ -1,0 +1,75 @@
+"""The demo's preregistered plan: the embedded engine, plain vs ngram speculative decoding.
+
+It lives here, above the experiment and server stages it combines: the server
+stage knows how to start the engine, not what a demo experiment is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokrecord.experiment.plan import Arm, Design, Plan, ServerPlan
+from tokrecord.gates import GateConfig, LogRule
+from tokrecord.identity import IdentitySpec
+from tokrecord.probes.idle import IdleCriteria
+from tokrecord.probes.telemetry import TelemetryConfig
+from tokrecord.server import embedded
+
+
+def arm_log_rules(arm: str) -> tuple[LogRule, ...]:
+    """What the server log must show before the demo arms' treatment claims are made."""
+    common = (
+        LogRule(claim="prefix caching off", pattern=r"enable_prefix_caching=False", required=True),
+        # An example of a claim the log does not support on this machine: it is
+        # reported as not claimed, and the leg stays valid.
+        LogRule(claim="Intel OpenMP preloaded", pattern=r"libiomp is not found in LD_PRELOAD",
+                expect="absent"),
+    )
+    if arm == "ngram":
+        return (
+            LogRule(claim="ngram speculative decoding active",
+                    pattern=r"speculative_config=SpeculativeConfig\(method='ngram'", required=True),
+            LogRule(claim="async scheduling disabled by ngram",
+                    pattern=r"Async scheduling not supported with ngram", expect="present"),
+            *common,
+        )
+    return (
+        LogRule(claim="no speculative decoding", pattern=r"speculative_config=None", required=True),
+        *common,
+    )
+
+
+
+# The demo runs on CPU: the engine's own threads are the load that matters, and on a
+# small machine one busy core is half the machine. Five quiet seconds before and
+# after every leg, as a real plan would ask (with stricter thresholds).
+DEMO_IDLE = IdleCriteria(interval_s=1.0, consecutive=5, timeout_s=300, host_cpu_max_pct=50)
+
+
+def demo_plan(python: Path, model_dir: Path, *, rows: int | None = None,
+              idle_gap_s: float = 5.0) -> Plan:
+    """The embedded ABBA: control plain, candidate ngram speculative decoding."""
+    return Plan(
+        name="demo-ngram-vs-plain",
+        design=Design.ABBA,
+        server=ServerPlan(argv=tuple(embedded.vllm_argv(python)), model=str(model_dir),
+                          served_model=embedded.SERVED_MODEL, env=embedded.ENGINE_ENV),
+        arms={
+            "control": Arm(description="plain decoding", log_rules=arm_log_rules("plain")),
+            "candidate": Arm(
+                description="ngram speculative decoding",
+                extra_args=("--speculative-config", json.dumps(embedded.NGRAM_SPEC, sort_keys=True)),
+                log_rules=arm_log_rules("ngram"),
+            ),
+        },
+        suite_rows=rows,
+        teacher="capture",
+        idle_gap_s=idle_gap_s,
+        idle=DEMO_IDLE,
+        telemetry=TelemetryConfig(interval_s=0.5),
+        gates=GateConfig(long_context_threshold=800, rollover_boundary=1024),
+        # The engine's compiled kernels, hashed: the bytes that actually ran.
+        identity=IdentitySpec(native_globs={"engine": ["vllm/**/*.so"]}),
+        notes="tokrecord demo: a tiny random Llama on vLLM CPU",
+    )
