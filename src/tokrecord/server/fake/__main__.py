@@ -1,0 +1,5 @@
+import sys
+
+from tokrecord.server.fake.serve import main
+
+sys.exit(main())

@@ -1,0 +1,17 @@
+"""Constants shared by the fake server's modules."""
+
+from __future__ import annotations
+
+ENV_PREFIX = "TOKRECORD_FAKE_"
+DEFAULT_MODEL = "tokrecord-fake"
+DEFAULT_MAX_TOKENS = 16
+VOCAB_SIZE = 4096
+OUTPUT_STRIDE = 7919
+# Sleep until this long before a due time, then spin: time.sleep overshoots by tens
+# of microseconds to a millisecond, a spin on perf_counter_ns does not.
+SPIN_NS = 1_000_000
+CHILD_CODE = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
+MALFORMED_EVENT = b"data: {not json\n\n"
+DONE_EVENT = b"data: [DONE]\n\n"
+LAST_CHUNK = b"0\r\n\r\n"
+FINISH_REASONS = ("stop", "length", "abort")
