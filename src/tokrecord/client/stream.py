@@ -397,46 +397,10 @@ def stream_row(
                     f"{where}: HTTP {response.status_code} from {endpoint.path}: {detail or '(empty body)'}"
                 )
             direct = _direct_body(response)
-            previous = 0
             if direct is not None:
-                sock, ahead = direct.sock, direct.ahead
-                chunked = state.chunked = ChunkedDecoder()
-                if ahead:  # body bytes httpx read with the headers
-                    stamps.append(time.perf_counter_ns() - epoch_ns)
-                    reads.append(ahead)
-                tail = ahead[-4:]
-                if tail == b"\r\n\r\n":  # perhaps the whole body came with the headers
-                    state.decode(stamps, reads)
-                sock.settimeout(_read_timeout(response))
-                while not chunked.done:
-                    try:
-                        data = sock.recv(READ_SIZE)
-                    except TimeoutError as exc:
-                        raise httpx.ReadTimeout(str(exc) or "timed out") from exc
-                    except OSError as exc:
-                        raise httpx.ReadError(str(exc)) from exc
-                    t = time.perf_counter_ns()
-                    if not data:
-                        raise httpx.RemoteProtocolError(
-                            "peer closed connection without sending complete message body "
-                            "(incomplete chunked read)")
-                    stamps.append(t - epoch_ns)
-                    reads.append(data)
-                    tail = (tail + data)[-4:]
-                    # Every body ends in CRLF CRLF (last chunk, trailers): only then is
-                    # the framing decoded to see whether this was the end.
-                    end_maybe = tail == b"\r\n\r\n"
-                    if end_maybe or (previous and t - previous >= LIVE_DECODE_GAP_NS):
-                        state.decode(stamps, reads)
-                    previous = t
+                _read_direct(direct, _read_timeout(response), state, stamps, reads, epoch_ns)
             else:
-                for raw in response.iter_raw():
-                    t = time.perf_counter_ns()
-                    stamps.append(t - epoch_ns)
-                    reads.append(raw)
-                    if previous and t - previous >= LIVE_DECODE_GAP_NS:
-                        state.decode(stamps, reads)
-                    previous = t
+                _read_httpx(response, state, stamps, reads, epoch_ns)
             t_end = time.perf_counter_ns() - epoch_ns
             state.decode(stamps, reads)
             state.close()
@@ -447,19 +411,7 @@ def stream_row(
     except (StreamError, httpx.HTTPError) as exc:
         t_fail = time.perf_counter_ns() - epoch_ns
         write_request()
-        error: StreamError
-        if isinstance(exc, StreamError):
-            error = exc
-        else:
-            # Keep everything received before the transport failed; a malformed event
-            # among it is the earlier failure and is the one reported.
-            try:
-                state.decode(stamps, reads)
-            except StreamError as first:
-                error = first
-            else:
-                error = StreamError(
-                    _transport_message(exc, where, http.base_url, state.received, state.events))
+        error = _failure(exc, state, stamps, reads, where, http.base_url)
         sink.write({"kind": "end", "row": row_index, "t_ns": t_fail, "ok": False,
                     "error": str(error)})
         if error is exc:
@@ -480,6 +432,69 @@ def stream_row(
         raise StreamError(msg)
     sink.write({"kind": "end", "row": row_index, "t_ns": t_end, "ok": True})
     return _trace(row_index, row, t_send, t_end, state.chunks, state.events, state.parser)
+
+
+def _read_direct(direct: _Direct, timeout: float | None, state: _RowDecoder, stamps: list[int],
+                 reads: list[bytes], epoch_ns: int) -> None:
+    """The token loop on the raw socket: stamp, store, and decode only at a possible end
+    or after a slow gap (LIVE_DECODE_GAP_NS)."""
+    sock, ahead = direct.sock, direct.ahead
+    chunked = state.chunked = ChunkedDecoder()
+    if ahead:  # body bytes httpx read with the headers
+        stamps.append(time.perf_counter_ns() - epoch_ns)
+        reads.append(ahead)
+    tail = ahead[-4:]
+    if tail == b"\r\n\r\n":  # perhaps the whole body came with the headers
+        state.decode(stamps, reads)
+    sock.settimeout(timeout)
+    previous = 0
+    while not chunked.done:
+        try:
+            data = sock.recv(READ_SIZE)
+        except TimeoutError as exc:
+            raise httpx.ReadTimeout(str(exc) or "timed out") from exc
+        except OSError as exc:
+            raise httpx.ReadError(str(exc)) from exc
+        t = time.perf_counter_ns()
+        if not data:
+            raise httpx.RemoteProtocolError(
+                "peer closed connection without sending complete message body "
+                "(incomplete chunked read)")
+        stamps.append(t - epoch_ns)
+        reads.append(data)
+        tail = (tail + data)[-4:]
+        # Every body ends in CRLF CRLF (last chunk, trailers): only then is the framing
+        # decoded to see whether this was the end.
+        end_maybe = tail == b"\r\n\r\n"
+        if end_maybe or (previous and t - previous >= LIVE_DECODE_GAP_NS):
+            state.decode(stamps, reads)
+        previous = t
+
+
+def _read_httpx(response: httpx.Response, state: _RowDecoder, stamps: list[int],
+                reads: list[bytes], epoch_ns: int) -> None:
+    """The token loop through httpx, for a transport without a raw socket."""
+    previous = 0
+    for raw in response.iter_raw():
+        t = time.perf_counter_ns()
+        stamps.append(t - epoch_ns)
+        reads.append(raw)
+        if previous and t - previous >= LIVE_DECODE_GAP_NS:
+            state.decode(stamps, reads)
+        previous = t
+
+
+def _failure(exc: StreamError | httpx.HTTPError, state: _RowDecoder, stamps: list[int],
+             reads: list[bytes], where: str, base_url: httpx.URL) -> StreamError:
+    """The error to report. Everything received before a transport failure is kept; a
+    malformed event among it is the earlier failure and is the one reported."""
+    if isinstance(exc, StreamError):
+        return exc
+    try:
+        state.decode(stamps, reads)
+    except StreamError as first:
+        return first
+    return StreamError(_transport_message(exc, where, base_url, state.received, state.events))
 
 
 def _trace(row_index: int, row: SuiteRow, t_send: int, t_end: int, chunks: list[Chunk],
