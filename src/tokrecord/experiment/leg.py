@@ -13,6 +13,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokrecord import __version__
 from tokrecord.client import Endpoint, RowTrace, build_body, stream_row
 from tokrecord.errors import StreamError, TokrecordError
-from tokrecord.evidence import RunDir, canonical_json, layout, read_jsonl
+from tokrecord.evidence import JsonlWriter, RunDir, canonical_json, layout, read_jsonl
 from tokrecord.gates import (
     GateConfig,
     GateResult,
@@ -284,28 +285,16 @@ def run_leg(
     argv = render_argv(spec.argv, {"port": str(port), "host": spec.host, "model": spec.model})
     # The leg's clock: every recorded time is nanoseconds since this instant.
     epoch_ns = time.perf_counter_ns()
-    run.write_json(layout.CONFIG, {**_resolved_config(config, argv, port), "clock": {
-        "source": "time.perf_counter_ns (CLOCK_MONOTONIC)", "unit": "ns since epoch",
-        "epoch_ns": str(epoch_ns)}})
-    run.write_bytes(
-        layout.SUITE, b"".join(canonical_json(r.model_dump()) + b"\n" for r in config.suite.rows)
-    )
+    _write_inputs(run, config, argv, port, epoch_ns)
     events = run.jsonl(layout.EVENTS)
     # The leg's name goes to the server as TOKRECORD_LEG: a wrapper script (or the fake
     # server's seeded leg jitter) may use it; nothing else is added to the arm's env.
     server = ServerProcess(argv, port=port, host=spec.host, log_path=run.file(layout.SERVER_LOG),
                            env={**spec.env, LEG_ENV: config.name},
                            stop_grace_s=spec.stop_grace_s)
-    records: list[RowRecord] = []
-    before: dict[str, float] | None = None
-    after: dict[str, float] | None = None
-    ready_s: float | None = None
-    status, error = "failed", None
+    st = _LegState(t0=time.monotonic())
     started = False
-    idle: dict[str, IdleResult | None] = {"before": None, "after": None}
     sampler: TelemetrySampler | None = None
-    sampler_problem: str | None = None
-    t0 = time.monotonic()
     make_http = http_factory or (
         lambda base, timeout: httpx.Client(base_url=base, timeout=httpx.Timeout(timeout, connect=10.0))
     )
@@ -313,7 +302,7 @@ def run_leg(
         run.write_json(layout.PROBES, {"backends": probe_set.backends, "notes": probe_set.notes})
         run.write_json(layout.HARDWARE, describe_hardware(
             probe_set.snapshot(), cpu=cpu_model(), os=os_name()))
-        idle["before"] = before_gate = _idle_gate(run, probe_set, config.idle, "before", obs)
+        st.idle["before"] = before_gate = _idle_gate(run, probe_set, config.idle, "before", obs)
         if not before_gate.passed:
             raise IdleTimeout(
                 f"the machine did not become idle within {config.idle.timeout_s:g} s "
@@ -326,108 +315,128 @@ def run_leg(
         started = True
         # So a later resume can find (and stop) a server orphaned by a hard kill.
         run.write_json(layout.SERVER_INFO, {"pid": server.pid, "pgid": server.pid, "port": port,
-                                       "argv": argv, "create_time": server.create_time})
-        ready_s = server.wait_ready(spec.ready_timeout_s, model=spec.request_model,
-                                    on_poll=obs.server_waiting)
-        obs.server_ready(ready_s)
+                                            "argv": argv, "create_time": server.create_time})
+        st.ready_s = server.wait_ready(spec.ready_timeout_s, model=spec.request_model,
+                                       on_poll=obs.server_waiting)
+        obs.server_ready(st.ready_s)
         with make_http(server.base_url, config.request_timeout_s) as http:
-            text = _scrape(http, spec.metrics_path)
-            if text is not None:
-                run.write_text(layout.METRICS_BEFORE, text)
-                before = parse_counters(text)
-            total = len(config.suite.rows)
-            for i, row in enumerate(config.suite.rows):
-                obs.row_started(i, row, total)
-                body = build_body(config.endpoint, spec.request_model, row, config.request_extra)
-                trace = stream_row(
-                    http, row_index=i, row=row, body=body, endpoint=config.endpoint,
-                    sink=events, on_tokens=lambda n, t, i=i: obs.row_tokens(i, n, t),  # type: ignore[misc]
-                    epoch_ns=epoch_ns,
-                )
-                record = RowRecord(trace=trace, metrics=row_metrics(trace.t_send_ns, trace.chunks))
-                records.append(record)
-                obs.row_finished(i, record)
-            text = _scrape(http, spec.metrics_path)
-            if text is not None:
-                run.write_text(layout.METRICS_AFTER, text)
-                after = parse_counters(text)
-        status = "complete"
+            _stream_suite(http, run, config, events, obs, epoch_ns, st)
+        st.status = "complete"
     except KeyboardInterrupt:
-        status, error = "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)"
+        st.status, st.error = "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)"
         raise
     except TokrecordError as exc:
-        error = str(exc)
+        st.error = str(exc)
         raise
     except BaseException as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        st.error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        cleanup = None
         if started:
-            cleanup = server.stop()
-            obs.server_stopped(cleanup)
-            run.write_json(layout.CLEANUP, {**cleanup.model_dump(mode="json"),
-                                            "passed": cleanup.passed})
+            st.cleanup = server.stop()
+            obs.server_stopped(st.cleanup)
+            run.write_json(layout.CLEANUP, {**st.cleanup.model_dump(mode="json"),
+                                            "passed": st.cleanup.passed})
         if sampler is not None:
-            sampler_problem = sampler.stop()
-        if started and status != "interrupted":
+            st.sampler_problem = sampler.stop()
+        if started and st.status != "interrupted":
             # After an interrupt the user wants out, not a minute of sampling.
             with contextlib.suppress(TokrecordError):
-                idle["after"] = _idle_gate(run, probe_set, config.idle, "after", obs)
+                st.idle["after"] = _idle_gate(run, probe_set, config.idle, "after", obs)
         probe_set.close()
-        if idle["before"] is not None:
+        if st.idle["before"] is not None:
             run.write_json(layout.IDLE, {
-                phase: r.model_dump(mode="json") if r else None for phase, r in idle.items()})
+                phase: r.model_dump(mode="json") if r else None for phase, r in st.idle.items()})
         events.close()
-        if status != "complete":
+        if st.status != "complete":
             # The original error is what the user needs; a second one here must not hide it.
             with contextlib.suppress(Exception):
-                _write_results(run, config, records, before, after, status, error, ready_s,
-                               time.monotonic() - t0, cleanup, teacher, idle, sampler_problem)
-    return _write_results(run, config, records, before, after, status, error, ready_s,
-                          time.monotonic() - t0, cleanup, teacher, idle, sampler_problem)
+                _write_results(run, config, st, teacher)
+    return _write_results(run, config, st, teacher)
 
 
-def _write_results(
-    run: RunDir,
-    config: LegConfig,
-    records: list[RowRecord],
-    before: Mapping[str, float] | None,
-    after: Mapping[str, float] | None,
-    status: str,
-    error: str | None,
-    ready_s: float | None,
-    wall_s: float,
-    cleanup: CleanupReport | None,
-    teacher: Teacher | None,
-    idle: Mapping[str, IdleResult | None],
-    sampler_problem: str | None,
-) -> LegResult:
-    summary, engine = compute_leg(records, config, before, after)
+@dataclass
+class _LegState:
+    """What a leg has gathered so far; results are written from it whatever happened."""
+
+    t0: float
+    records: list[RowRecord] = field(default_factory=list)
+    before: dict[str, float] | None = None
+    after: dict[str, float] | None = None
+    ready_s: float | None = None
+    status: str = "failed"
+    error: str | None = None
+    cleanup: CleanupReport | None = None
+    sampler_problem: str | None = None
+    idle: dict[str, IdleResult | None] = field(
+        default_factory=lambda: {"before": None, "after": None})
+
+
+def _write_inputs(run: RunDir, config: LegConfig, argv: list[str], port: int,
+                  epoch_ns: int) -> None:
+    run.write_json(layout.CONFIG, {**_resolved_config(config, argv, port), "clock": {
+        "source": "time.perf_counter_ns (CLOCK_MONOTONIC)", "unit": "ns since epoch",
+        "epoch_ns": str(epoch_ns)}})
+    run.write_bytes(
+        layout.SUITE, b"".join(canonical_json(r.model_dump()) + b"\n" for r in config.suite.rows)
+    )
+
+
+def _stream_suite(http: httpx.Client, run: RunDir, config: LegConfig, events: JsonlWriter,
+                  obs: LegObserver, epoch_ns: int, st: _LegState) -> None:
+    """The engine's counters before, every row of the suite once, the counters after."""
+    spec = config.server
+    text = _scrape(http, spec.metrics_path)
+    if text is not None:
+        run.write_text(layout.METRICS_BEFORE, text)
+        st.before = parse_counters(text)
+    total = len(config.suite.rows)
+    for i, row in enumerate(config.suite.rows):
+        obs.row_started(i, row, total)
+        body = build_body(config.endpoint, spec.request_model, row, config.request_extra)
+        trace = stream_row(
+            http, row_index=i, row=row, body=body, endpoint=config.endpoint,
+            sink=events, on_tokens=lambda n, t, i=i: obs.row_tokens(i, n, t),  # type: ignore[misc]
+            epoch_ns=epoch_ns,
+        )
+        record = RowRecord(trace=trace, metrics=row_metrics(trace.t_send_ns, trace.chunks))
+        st.records.append(record)
+        obs.row_finished(i, record)
+    text = _scrape(http, spec.metrics_path)
+    if text is not None:
+        run.write_text(layout.METRICS_AFTER, text)
+        st.after = parse_counters(text)
+
+
+def _write_results(run: RunDir, config: LegConfig, st: _LegState,
+                   teacher: Teacher | None) -> LegResult:
+    records, cleanup, idle = st.records, st.cleanup, st.idle
+    summary, engine = compute_leg(records, config, st.before, st.after)
     samples, _ = read_samples(run.file(layout.TELEMETRY))
     telemetry = leg_telemetry(records, config, summary, samples)
     if telemetry is not None:
-        if sampler_problem:
-            telemetry = telemetry.model_copy(update={"notes": (*telemetry.notes, sampler_problem)})
+        if st.sampler_problem:
+            telemetry = telemetry.model_copy(update={"notes": (*telemetry.notes,
+                                                               st.sampler_problem)})
         run.write_json(layout.TELEMETRY_SUMMARY, telemetry.model_dump(mode="json", by_alias=True))
     if teacher is not None:
-        run.write_json("teacher.json", teacher.to_json())
+        run.write_json(layout.LEG_TEACHER, teacher.to_json())
     gates = evaluate_gates(
         records, config, engine, cleanup, teacher,
         requests=[e for e in read_jsonl(run.file(layout.EVENTS)) if e["kind"] == "request"],
-        metrics_before=before,
+        metrics_before=st.before,
         server_log=run.file(layout.SERVER_LOG).read_text(errors="replace")
         if run.file(layout.SERVER_LOG).exists() else "",
         idle=idle,
     )
     valid, invalid = leg_valid(gates)
-    if status != "complete":
-        valid, invalid = False, [f"leg {status}", *invalid]
+    if st.status != "complete":
+        valid, invalid = False, [f"leg {st.status}", *invalid]
     result = LegResult(
-        name=config.name, arm=config.arm, status=status, error=error,
+        name=config.name, arm=config.arm, status=st.status, error=st.error,
         suite_sha256=config.suite.sha256, rows_planned=len(config.suite.rows),
-        summary=summary, engine=engine, ready_seconds=ready_s,
-        wall_seconds=round(wall_s, 3), cleanup=cleanup,
+        summary=summary, engine=engine, ready_seconds=st.ready_s,
+        wall_seconds=round(time.monotonic() - st.t0, 3), cleanup=cleanup,
         cleanup_passed=cleanup.passed if cleanup else None,
         count_source=records[0].trace.count_source.value if records else None,
         rows_count_match=sum(1 for r in records if r.count_matches),
@@ -444,8 +453,8 @@ def _write_results(
     run.write_json(layout.ROWS, {"schema": SCHEMA_ROWS,
                                  "rows": [r.model_dump(mode="json") for r in records]})
     run.write_json(layout.SUMMARY, result.model_dump(mode="json", by_alias=True))
-    if error is not None:
-        run.write_json(layout.ERROR, {"status": status, "error": error,
+    if st.error is not None:
+        run.write_json(layout.ERROR, {"status": st.status, "error": st.error,
                                       "rows_completed": len(records)})
     return result
 
