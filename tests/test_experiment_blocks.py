@@ -17,11 +17,10 @@ import pytest
 from test_experiment_fake import events, plan_toml, write_plan
 from tokrecord.experiment.runner import (
     NullExperimentObserver,
-    build_record,
-    finish,
     run_experiment,
 )
 from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1
+from tokrecord.record.build import build_record, finish
 from tokrecord.record.lint import lint_record
 from tokrecord.record.schema import ExperimentRecord, ExperimentRecordV2, validate_record
 from tokrecord.record.verify import verify_dir

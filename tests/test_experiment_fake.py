@@ -29,12 +29,11 @@ from tokrecord.evidence import read_jsonl
 from tokrecord.experiment.plan import Plan, load_plan
 from tokrecord.experiment.runner import (
     NullExperimentObserver,
-    build_record,
-    finish,
     preregister,
     run_experiment,
 )
 from tokrecord.experiment.stats import pct_delta
+from tokrecord.record.build import build_record, finish
 
 PY = sys.executable
 FAKE_ARGV = [PY, "-m", "tokrecord.server.fake", "--host", "{host}", "--port", "{port}",

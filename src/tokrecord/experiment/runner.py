@@ -6,7 +6,7 @@ Layout of an experiment directory (append-only; nothing is rewritten):
     experiment.jsonl                       the state log: every event, in order
     teacher/attempt-1/, teacher.json       when the plan captures its teacher
     A1/attempt-1/, B1/attempt-1/, ...      one run dir per leg attempt
-    record.json                            the results, once every leg is complete
+    record.json                            the results, once every leg is complete (record.build)
 An interrupted leg keeps its attempt dir; it is run again from scratch as the next
 attempt on a fresh server, and the record lists every attempt.
 """
@@ -28,7 +28,6 @@ import psutil
 
 from tokrecord.errors import ConfigError, TokrecordError
 from tokrecord.evidence import JsonlWriter, canonical_json, layout, read_jsonl
-from tokrecord.evidence.seal import SigningKey, load_or_create_key, seal
 from tokrecord.experiment.leg import (
     LegConfig,
     LegObserver,
@@ -323,18 +322,9 @@ def _honour_idle_gap(plan: Plan, state: _State, before: str, obs: ExperimentObse
     state.append("idle_gap", before=before, seconds=time.time() - last, minimum=plan.idle_gap_s)
 
 
-def finish(exp_dir: Path, record: dict[str, Any], key: SigningKey | None = None) -> Path:
-    """Write record.json, close the experiment and seal it (manifest, signature,
-    read-only): no leg can run, and nothing can change, after this."""
-    from tokrecord.record.schema import validate_record
-
-    validate_record(record)  # a record that breaks tokrecord.record/v1 is never sealed
-    path = exp_dir / "record.json"
-    with open(path, "xb") as fh:
-        fh.write(canonical_json(record) + b"\n")
-    _State(exp_dir / STATE).append("complete", record=str(path))
-    seal(exp_dir, key or load_or_create_key())
-    return path
+def mark_complete(exp_dir: Path, record_path: Path) -> None:
+    """The state log's last event: the record is written; no leg runs after this."""
+    _State(exp_dir / STATE).append("complete", record=str(record_path))
 
 
 def attempts_log(exp_dir: Path) -> list[dict[str, Any]]:
@@ -348,23 +338,3 @@ def attempts_log(exp_dir: Path) -> list[dict[str, Any]]:
 def idle_gaps(exp_dir: Path) -> dict[str, float]:
     return {e["before"]: round(float(e["seconds"]), 3)
             for e in read_jsonl(exp_dir / STATE) if e["event"] == "idle_gap"}
-
-
-def build_record(plan: Plan, exp_dir: Path, results: dict[str, LegResult],
-                 schema: str | None = None) -> dict[str, Any]:
-    """The record of a finished experiment, from its legs' evidence; `schema` names an
-    older record form when an older record is recomputed (verify)."""
-    from tokrecord.experiment.leg import load_rows, outcomes
-    from tokrecord.record import SCHEMA_ABBA, abba_record, single_leg_record
-
-    suite = plan_suite(plan)
-    tries = attempts_log(exp_dir)
-    if plan.design.value == "single":
-        return single_leg_record(plan, results["B1"], tries, exp_dir)
-    rows = {name: load_rows(Path(r.run_dir)) for name, r in results.items()}
-    outs = {name: outcomes(rows[name], leg_config(plan, suite, name, results[name].arm, 1))  # type: ignore[arg-type]
-            for name in results}
-    power_path = exp_dir / POWER_FILE
-    power = json.loads(power_path.read_text(encoding="utf-8")) if power_path.exists() else None
-    return abba_record(plan, results, rows, outs, tries, idle_gaps(exp_dir), exp_dir, power,
-                       schema or SCHEMA_ABBA)

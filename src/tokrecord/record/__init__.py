@@ -1,20 +1,21 @@
 """Records: the results of an experiment, in the form of the seed records.
 
 `abba_record` and `single_leg_record` are pure: they take the plan, the legs'
-results and rows, and what the experiment log says (attempts, idle gaps), and
-return the JSON document. Hashes of each leg's evidence files are included so
-the record points at exactly what it was computed from.
+results and rows, what the experiment log says (attempts, idle gaps) and the
+facts read from the evidence (`EvidenceFacts`: each leg's hardware and file
+hashes, the identity summary, the date), and return the JSON document. Reading
+those facts is `record.build`'s job. The hashes of each leg's evidence files are
+included so the record points at exactly what it was computed from.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
 import json
 import statistics
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout
@@ -31,7 +32,6 @@ from tokrecord.experiment.stats import (
     record_gate,
 )
 from tokrecord.gates import GateResult, GateStatus, RowOutcome, cross_leg_exact
-from tokrecord.identity import sha256_file
 from tokrecord.metrics import EngineCounters
 
 # v2: k blocks, the A/A design, the leg-level verdict (`verdict_analysis`) and the
@@ -47,9 +47,16 @@ FORMULAS = {
 }
 
 
-def evidence_hashes(run_dir: Path) -> dict[str, str]:
-    return {name: sha256_file(run_dir / name) for name in layout.EVIDENCE_FILES
-            if (run_dir / name).exists()}
+class EvidenceFacts(BaseModel):
+    """What a record states about its evidence, read by record.build."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    date: str  # YYYY-MM-DD, UTC
+    root: str  # the experiment directory as given
+    identity: dict[str, Any]  # identity_summary(); {} without identity.json
+    hardware: dict[str, dict[str, Any] | None]  # per leg: its hardware.json
+    evidence_sha256: dict[str, dict[str, str]]  # per leg: file name -> sha256
 
 
 def figures(result: LegResult, rows: Sequence[RowRecord]) -> LegFigures:
@@ -87,7 +94,7 @@ def _speculative(e: EngineCounters | None) -> dict[str, Any]:
     return {name: getattr(e, name) if e else None for name in fields}
 
 
-def _leg_block(result: LegResult, attempts: int) -> dict[str, Any]:
+def _leg_block(result: LegResult, attempts: int, facts: EvidenceFacts) -> dict[str, Any]:
     s, e = result.summary, result.engine
     exact = _gate(result, "teacher_exact")
     return {
@@ -112,7 +119,7 @@ def _leg_block(result: LegResult, attempts: int) -> dict[str, Any]:
         "warnings": list(s.warnings),
         "telemetry": result.telemetry.model_dump(mode="json", by_alias=True)
         if result.telemetry else None,
-        "evidence_sha256": evidence_hashes(Path(result.run_dir)),
+        "evidence_sha256": facts.evidence_sha256[result.name],
         "run_dir": result.run_dir,
     }
 
@@ -129,7 +136,7 @@ def abba_record(
     outcomes: Mapping[str, Sequence[RowOutcome]],
     attempts: Sequence[Mapping[str, Any]],
     idle_gaps: Mapping[str, float],
-    exp_dir: Path,
+    facts: EvidenceFacts,
     power: Mapping[str, Any] | None = None,
     schema: str = SCHEMA_ABBA,
 ) -> dict[str, Any]:
@@ -166,12 +173,12 @@ def abba_record(
     )
     first = rows[design[0].name]
     candidates = [results[leg.name] for leg in design if leg.treated]
-    hw = {name: hardware(r) for name, r in results.items()}  # each leg's hardware.json, once
+    hw = facts.hardware
     tries = {name: sum(1 for a in attempts if a.get("leg") == name) for name in results}
     out: dict[str, Any] = {
         "schema": schema,
         "experiment": plan.name,
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
+        "date": facts.date,
         "status": "strict_preregistered_record_pass" if gate.strict_preregistered_record_pass
         else "no_record",
         "plan_sha256": plan.sha256,
@@ -198,7 +205,7 @@ def abba_record(
             "headline_formula": FORMULAS[plan.headline.value],
             "fifth_run_permitted": False,
         },
-        "runs": {name: _leg_block(results[name], tries[name]) for name in results},
+        "runs": {name: _leg_block(results[name], tries[name], facts) for name in results},
         "attempts": list(attempts),
         "pair_results": {k: v.model_dump(mode="json") for k, v in pairs.items()},
         "quality": {
@@ -228,10 +235,10 @@ def abba_record(
                       else float("inf"))),
         "log_facts": log_facts(results),
         "operational": operational(results, idle_gaps),
-        "reproducibility": reproducibility(exp_dir),
-        "source": identity_summary(exp_dir),
+        "reproducibility": reproducibility(facts.root),
+        "source": facts.identity,
         "hardware": hw[design[0].name],
-        "artifacts": {"root": str(exp_dir)},
+        "artifacts": {"root": facts.root},
         "submission": {},
     }
     if v1:
@@ -242,45 +249,6 @@ def abba_record(
     out["treatment"] = {name: arm.model_dump(mode="json") for name, arm in plan.arms.items()}
     out["verdict_analysis"] = analysis.model_dump(mode="json") if analysis else None
     out["power"] = dict(power) if power is not None else None
-    return out
-
-
-def hardware(result: LegResult) -> dict[str, Any] | None:
-    """What the probes saw at the start of the leg (hardware.json), or None for
-    evidence made before probes existed."""
-    path = Path(result.run_dir) / layout.HARDWARE
-    if not path.exists():
-        return None
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return data
-
-
-def identity_summary(exp_dir: Path) -> dict[str, Any]:
-    """The identity facts a reader looks for first, and the hash of the full file."""
-    path = exp_dir / layout.IDENTITY
-    if not path.exists():
-        return {}
-    ident = json.loads(path.read_text(encoding="utf-8"))
-    tok = ident.get("tokrecord") or {}
-    model = ident.get("model") or {}
-    out: dict[str, Any] = {
-        "identity_sha256": sha256_file(path),
-        "tokrecord": {k: tok.get(k) for k in ("kind", "commit", "dirty", "version") if k in tok},
-        "sources": {name: {"commit": s.get("commit"), "dirty": s.get("dirty"),
-                           "public_base": s.get("public_base"),
-                           "bundle_sha256": (s.get("bundle") or {}).get("sha256"),
-                           "patch_sha256": (s.get("patch") or {}).get("sha256")}
-                    for name, s in (ident.get("sources") or {}).items()},
-        "native_modules": ident.get("native_modules") or {},
-        "runtime_lock_sha256": hashlib.sha256(
-            json.dumps(ident.get("runtime_locks"), sort_keys=True).encode()).hexdigest(),
-        "runtime_lock_packages": {env: len(lock)
-                                  for env, lock in (ident.get("runtime_locks") or {}).items()},
-        "model_manifest_sha256": model.get("manifest_sha256"),
-        "model_revision": model.get("revision"),
-        "python": ident.get("python"),
-        "platform": ident.get("platform"),
-    }
     return out
 
 
@@ -320,11 +288,11 @@ def operational(results: Mapping[str, LegResult], idle_gaps: Mapping[str, float]
     return {"legs": legs, "artifact_sealed_read_only": True}
 
 
-def reproducibility(exp_dir: Path) -> dict[str, str]:
+def reproducibility(root: str) -> dict[str, str]:
     return {
-        "portable_sealed_evidence": str(exp_dir),
-        "identity": "identity.json",
-        "verify": f"tokrecord verify {exp_dir}",
+        "portable_sealed_evidence": root,
+        "identity": layout.IDENTITY,
+        "verify": f"tokrecord verify {root}",
         "artifact_exact_scope": "the originating host with byte-identical environments "
         "(runtime locks and native module hashes in identity.json)",
         "source_rebuild_scope": "a new environment must pass every semantic, teardown and "
@@ -361,7 +329,7 @@ def _ok(result: LegResult, gate: str) -> bool:
 
 
 def single_leg_record(
-    plan: Plan, result: LegResult, attempts: Sequence[Mapping[str, Any]], exp_dir: Path
+    plan: Plan, result: LegResult, attempts: Sequence[Mapping[str, Any]], facts: EvidenceFacts
 ) -> dict[str, Any]:
     """The seeds/single-leg-record.json form: value, goal, prior approved, prior best."""
     s, e = result.summary, result.engine
@@ -385,7 +353,7 @@ def single_leg_record(
     )
     return {
         "schema": SCHEMA_SINGLE,
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
+        "date": facts.date,
         "status": "record_pass" if passed else "no_record",
         "plan_sha256": plan.sha256,
         "metric": plan.metric,
@@ -435,12 +403,12 @@ def single_leg_record(
         "attempts": list(attempts),
         "log_facts": log_facts({"B1": result}),
         "operational": operational({"B1": result}, {}),
-        "reproducibility": reproducibility(exp_dir),
-        "sha256": evidence_hashes(Path(result.run_dir)),
-        "source": identity_summary(exp_dir),
-        "hardware": hardware(result),
+        "reproducibility": reproducibility(facts.root),
+        "sha256": facts.evidence_sha256[result.name],
+        "source": facts.identity,
+        "hardware": facts.hardware[result.name],
         "telemetry": result.telemetry.model_dump(mode="json", by_alias=True)
         if result.telemetry else None,
-        "artifacts": {"root": str(exp_dir), "run_dir": result.run_dir},
+        "artifacts": {"root": facts.root, "run_dir": result.run_dir},
         "submission": {},
     }

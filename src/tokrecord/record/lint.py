@@ -46,13 +46,14 @@ class _Linter:
             node = node[part]
         return node
 
-    def close(self, path: str, expected: float | None, what: str) -> None:
+    def close(self, path: str, expected: float | None, what: str,
+              rel_tol: float = REL_TOL) -> None:
         """The field at `path` must equal `expected` (when both exist)."""
         found = self.get(path)
         if found is None or expected is None:
             return
         if not isinstance(found, int | float) or not math.isclose(
-            float(found), expected, rel_tol=REL_TOL, abs_tol=1e-12
+            float(found), expected, rel_tol=rel_tol, abs_tol=1e-12
         ):
             self.problems.append(LintProblem(field=path, message=what, found=found,
                                              expected=expected))
@@ -167,22 +168,85 @@ def _lint_single(lint: _Linter) -> None:
     lint.hexes("sha256")
 
 
-def _lint_abba(lint: _Linter) -> None:
-    runs = lint.get("runs") or {}
-    criteria = lint.get("criteria") or {}
-    pairs = lint.get("pair_results") or {}
-    for name, leg in runs.items():
-        if isinstance(leg, Mapping):
-            _lint_speculative(lint, f"runs.{name}")
-            lint.count(f"runs.{name}.teacher_exact")
+_LEG = re.compile(r"^([AB])([1-9][0-9]*)$")
+
+
+def _blocks(lint: _Linter) -> int:
+    """A v2 record states its blocks; v1 and the hand-made seed form are one ABBA block."""
+    stated = lint.get("protocol.blocks")
+    if isinstance(stated, int) and not isinstance(stated, bool) and stated >= 1:
+        return stated
+    return 1
+
+
+def _block_of(name: str) -> int:
+    """Legs 2b-1 and 2b of each letter are block b (A1 B1 B2 A2 | B3 A3 A4 B4 | ...)."""
+    match = _LEG.match(name)
+    return (int(match.group(2)) + 1) // 2 if match else 0
+
+
+def _lint_design(lint: _Linter, runs: Mapping[str, Any], blocks: int, design: str) -> None:
+    """The legs, their order, their treatments and the pairs are the design's, whatever
+    the number of blocks."""
+    from tokrecord.experiment.plan import abba_design, abba_pairs
+
+    names = [leg.name for leg in abba_design(blocks)]
+    span = f"{blocks} block{'s' if blocks != 1 else ''}: {' '.join(names)}"
+    for name in names:
+        if name not in runs:
+            lint.problems.append(LintProblem(field=f"runs.{name}",
+                                             message=f"a leg of the design is missing ({span})"))
+    for name in runs:
+        if name not in names:
+            lint.problems.append(LintProblem(field=f"runs.{name}",
+                                             message=f"not a leg of the design ({span})"))
+    order = " ".join(names[:4]) + (" | " + " ".join(names[4:8]) + (" | ..." if blocks > 2 else "")
+                                   if blocks > 1 else "")
     lint.equal("protocol.order",
                None if lint.get("protocol.order") is None else
-               [f"{n}-{runs[n]['treatment']}" for n in ("A1", "B1", "B2", "A2") if n in runs],
-               "order is A1 B1 B2 A2 with each leg's treatment")
+               [f"{n}-{runs[n].get('treatment')}" for n in names
+                if isinstance(runs.get(n), Mapping)],
+               f"order is {order} with each leg's treatment")
+    if design == "aa":
+        arms = lint.get("treatment")
+        if isinstance(arms, Mapping) and len(arms) != 1:
+            lint.problems.append(LintProblem(field="treatment", message="an A/A design runs one "
+                                             "arm", found=sorted(arms), expected="one arm"))
+        only = next(iter(arms)) if isinstance(arms, Mapping) and len(arms) == 1 else None
+        for name in runs:
+            lint.equal(f"runs.{name}.treatment", only,
+                       "an A/A design runs its one arm in every leg, A and B positions alike")
+    else:
+        for name, leg in runs.items():
+            match = _LEG.match(str(name))
+            if match and isinstance(leg, Mapping):
+                lint.equal(f"runs.{name}.treatment",
+                           "candidate" if match.group(1) == "B" else "control",
+                           "B legs run the candidate arm, A legs the control")
+    if lint.get("protocol.pairs") is not None:
+        lint.equal("protocol.pairs", [f"{c}_vs_{a}" for c, a in abba_pairs(blocks)],
+                   "pairs are B1 vs A1, B2 vs A2, ... in block order")
+
+
+def _lint_pairs(lint: _Linter, runs: Mapping[str, Any], blocks: int) -> None:
+    from tokrecord.experiment.plan import abba_pairs
+
+    criteria = lint.get("criteria") or {}
+    pairs = lint.get("pair_results") or {}
+    for cand, ctrl in abba_pairs(blocks):
+        if pairs and f"{cand}_vs_{ctrl}" not in pairs:
+            lint.problems.append(LintProblem(field=f"pair_results.{cand}_vs_{ctrl}",
+                                             message="a pair of the design is missing"))
     for key, pair in pairs.items():
-        cand, ctrl = key.split("_vs_")
-        c, a = runs.get(cand, {}), runs.get(ctrl, {})
         base = f"pair_results.{key}"
+        names = str(key).split("_vs_")
+        if len(names) != 2 or not isinstance(pair, Mapping):
+            lint.problems.append(LintProblem(field=base, message="not a pair 'Bn_vs_An'"))
+            continue
+        cand, ctrl = names
+        lint.equal(f"{base}.candidate", cand, "the pair's candidate leg is in its name")
+        lint.equal(f"{base}.control", ctrl, "the pair's control leg is in its name")
+        c, a = runs.get(cand, {}), runs.get(ctrl, {})
         head = _pct(c.get("headline_tok_s"), a.get("headline_tok_s"))
         lint.close(f"{base}.headline_delta_pct", head,
                    f"100 * ({cand} headline / {ctrl} headline - 1)")
@@ -202,42 +266,80 @@ def _lint_abba(lint: _Linter) -> None:
                         and wins[0] / wins[1] > criteria.get("row_wins_fraction_gt", 0.5))
             lint.equal(f"{base}.passed", expected,
                        "pass follows from headline Δ > 0, paired median Δ > 0, wins > half")
-    cands = [_num(runs[n].get("headline_tok_s")) for n in ("B1", "B2") if n in runs]
-    ctrls = [_num(runs[n].get("headline_tok_s")) for n in ("A1", "A2") if n in runs]
+
+
+def _lint_gate(lint: _Linter, runs: Mapping[str, Any], blocks: int, design: str) -> None:
+    """The record gate over every candidate (B) and control (A) leg of every block."""
+    from tokrecord.experiment.plan import abba_design
+
+    pairs = lint.get("pair_results") or {}
+    names = [leg.name for leg in abba_design(blocks) if isinstance(runs.get(leg.name), Mapping)]
+    cand_names = [n for n in names if n.startswith("B")]
+    ctrl_names = [n for n in names if n.startswith("A")]
+    cands = [_num(runs[n].get("headline_tok_s")) for n in cand_names]
+    ctrls = [_num(runs[n].get("headline_tok_s")) for n in ctrl_names]
     gate = "record_gate"
+    passed = lint.get(f"{gate}.strict_preregistered_record_pass")
+    reasons = []
     if cands and all(v is not None for v in cands):
         lower, higher = min(v for v in cands if v is not None), max(v for v in cands if v is not None)
-        lint.close(f"{gate}.candidate_lower_start_tok_s", lower, "lower of B1, B2 headlines")
-        lint.close(f"{gate}.candidate_higher_start_tok_s", higher, "higher of B1, B2 headlines")
+        lint.close(f"{gate}.candidate_lower_start_tok_s", lower,
+                   f"lower of {', '.join(cand_names)} headlines")
+        lint.close(f"{gate}.candidate_higher_start_tok_s", higher,
+                   f"higher of {', '.join(cand_names)} headlines")
         prior = lint.get(f"{gate}.prior_record_tok_s")
         lint.close(f"{gate}.delta_vs_prior_record_tok_s", _sub(lower, prior),
                    "lower candidate - prior record")
         lint.close(f"{gate}.delta_vs_prior_record_pct", _pct(lower, prior),
                    "100 * (lower candidate / prior record - 1)")
-        passed = lint.get(f"{gate}.strict_preregistered_record_pass")
         prior_n = _num(prior)
-        if passed is True:
-            reasons = []
-            if prior_n is None or not lower > prior_n:
-                reasons.append("the lower candidate does not beat the prior record")
-            if not all(p.get("passed") for p in pairs.values()):
-                reasons.append("a pair did not pass")
-            for key in ("all_legs_cross_exact", "cleanup_passed_all_legs"):
-                if lint.get(f"quality.{key}") is False:
-                    reasons.append(f"quality.{key} is false")
-            for reason in reasons:
-                lint.problems.append(LintProblem(field=f"{gate}.strict_preregistered_record_pass",
-                                                 message=f"claims a pass but {reason}",
-                                                 found=True, expected=False))
+        if prior_n is None or not lower > prior_n:
+            reasons.append("the lower candidate does not beat the prior record")
+        _lint_headline_leg(lint, runs, cand_names, lower)
+    if passed is True:
+        if not all(isinstance(p, Mapping) and p.get("passed") for p in pairs.values()):
+            reasons.append("a pair did not pass")
+        for key in ("all_legs_cross_exact", "cleanup_passed_all_legs"):
+            if lint.get(f"quality.{key}") is False:
+                reasons.append(f"quality.{key} is false")
+        if design == "aa":
+            reasons.append("an A/A design makes no speed claim")
+        for reason in reasons:
+            lint.problems.append(LintProblem(field=f"{gate}.strict_preregistered_record_pass",
+                                             message=f"claims a pass but {reason}",
+                                             found=True, expected=False))
     if ctrls and all(v is not None for v in ctrls):
         lint.close(f"{gate}.control_lower_start_tok_s", min(v for v in ctrls if v is not None),
-                   "lower of A1, A2 headlines")
-    summed = [lint.count(f"runs.{n}.teacher_exact") for n in runs]
-    if summed and all(s is not None for s in summed):
-        total = f"{sum(s[0] for s in summed if s)}/{sum(s[1] for s in summed if s)}"
-        lint.equal("quality.all_legs_teacher_exact", total, "sum of the legs' teacher-exact counts")
-    for key in ("all_legs_cached_zero", "long_then_next_exact", "rollover_exact"):
-        lint.count(f"quality.{key}")
+                   f"lower of {', '.join(ctrl_names)} headlines")
+    if pairs and all(isinstance(p, Mapping) for p in pairs.values()):
+        lint.equal(f"{gate}.pairs_passed", all(p.get("passed") is True for p in pairs.values()),
+                   "every pair passed")
+    # v2's gate judges the verdict at the record's own (higher) confidence; v1's is the verdict.
+    judged = lint.get("verdict_analysis.record_verdict")
+    lint.equal(f"{gate}.verdict", judged if judged is not None else lint.get("verdict"),
+               "the gate's verdict is the analysis' at the record confidence" if judged
+               is not None else "the gate's verdict is the record's")
+
+
+def _lint_headline_leg(lint: _Linter, runs: Mapping[str, Any], cand_names: list[str],
+                       lower: float) -> None:
+    """The published headline is the candidate leg with the lowest headline."""
+    leg = lint.get("metric_accounting.headline_leg")
+    if not isinstance(leg, str):
+        return
+    lowest = [n for n in cand_names
+              if math.isclose(float(runs[n]["headline_tok_s"]), lower, rel_tol=REL_TOL)]
+    if leg not in lowest:
+        lint.problems.append(LintProblem(
+            field="metric_accounting.headline_leg",
+            message="the headline leg is the candidate leg with the lowest headline",
+            found=leg, expected=lowest[0] if len(lowest) == 1 else lowest))
+        return
+    lint.close("metric_accounting.published_value_tok_s", _num(runs[leg].get("headline_tok_s")),
+               f"the published value is leg {leg}'s headline")
+
+
+def _lint_bootstrap(lint: _Linter) -> None:
     boot = lint.get("bootstrap")
     if isinstance(boot, Mapping):
         lo, mid, hi = (_num(boot.get(k)) for k in ("ci_low", "ratio", "ci_high"))
@@ -249,6 +351,176 @@ def _lint_abba(lint: _Linter) -> None:
         if lo is not None and hi is not None and _num(boot.get("equivalence_pct")) is not None:
             lint.equal("verdict", verdict(lo, hi, float(boot["equivalence_pct"])).value,
                        "verdict follows from the CI and the equivalence margin")
+
+
+# Figures recomputed from the recorded leg statistics, which are rounded to 1e-9 (in
+# 100 x log units): agreement to 1e-6 is exact up to that rounding.
+RECOMPUTED_TOL = 1e-6
+
+
+def _lint_analysis(lint: _Linter, runs: Mapping[str, Any], blocks: int) -> None:
+    """v2's leg-level verdict: its interval holds its ratio, its verdict follows from the
+    interval and the equivalence band, and it recomputes from the legs' figures."""
+    from tokrecord.experiment.stats import ANALYSIS_METHOD, verdict
+
+    va = lint.get("verdict_analysis")
+    if not isinstance(va, Mapping):
+        return
+    base = "verdict_analysis"
+    lo, mid, hi = (_num(va.get(k)) for k in ("ci_low", "ratio", "ci_high"))
+    eq = _num(va.get("equivalence_pct"))
+    lint.equal("verdict", va.get("verdict"), "the record's verdict is its analysis' verdict")
+    lint.equal(f"{base}.blocks", blocks, "the analysis covers the design's blocks")
+    lint.equal(f"{base}.legs", len(runs), "the analysis covers every leg")
+    if lo is None or mid is None or hi is None:
+        if not (lo is None and mid is None and hi is None):
+            lint.problems.append(LintProblem(field=base, message="ratio and interval are given "
+                                             "together or not at all", found=[lo, mid, hi]))
+        lint.equal(f"{base}.verdict", "UNDECIDED", "with no interval the verdict is UNDECIDED")
+        if not va.get("reason"):
+            lint.problems.append(LintProblem(field=f"{base}.reason",
+                                             message="an UNDECIDED verdict with no interval "
+                                             "says why"))
+        return
+    if not lo <= mid <= hi:
+        lint.problems.append(LintProblem(field=base, message="ratio outside its CI",
+                                         found=[lo, mid, hi]))
+    if eq is not None:
+        lint.equal(f"{base}.verdict", verdict(lo, hi, eq).value,
+                   "verdict follows from the CI and the equivalence margin")
+    _lint_record_interval(lint, va, lo, mid, hi, eq)
+    stats = va.get("leg_statistics") or {}
+    if not isinstance(stats, Mapping) or not stats:
+        return
+    if set(stats) != set(runs):
+        lint.problems.append(LintProblem(field=f"{base}.leg_statistics",
+                                         message="one figure per leg of the record",
+                                         found=sorted(stats), expected=sorted(runs)))
+        return
+    names = list(stats)
+    lint.equal(f"{base}.df", len(names) - blocks - 1,
+               "residual df of the leg-level fit: legs - blocks - 1")
+    if va.get("method") != ANALYSIS_METHOD:
+        return  # another method's figures: nothing here to recompute them with
+    _recompute_analysis(lint, names, [_num(stats[n]) for n in names], va)
+
+
+def _lint_record_interval(lint: _Linter, va: Mapping[str, Any], lo: float, mid: float,
+                          hi: float, eq: float | None) -> None:
+    """The record gate's interval, at its higher confidence: it holds the ratio, holds the
+    verdict's interval when its confidence is higher, and its verdict follows from it."""
+    from tokrecord.experiment.stats import verdict
+
+    base = "verdict_analysis"
+    r_lo, r_hi = _num(va.get("record_ci_low")), _num(va.get("record_ci_high"))
+    r_conf, conf = _num(va.get("record_confidence")), _num(va.get("confidence"))
+    if r_lo is None or r_hi is None:
+        if r_conf is not None:  # absent altogether in a v2 record made before it existed
+            lint.equal(f"{base}.record_verdict", "UNDECIDED",
+                       "with no record interval the record verdict is UNDECIDED")
+        return
+    if not r_lo <= mid <= r_hi:
+        lint.problems.append(LintProblem(field=f"{base}.record_ci_low",
+                                         message="ratio outside the record's CI",
+                                         found=[r_lo, mid, r_hi]))
+    if r_conf is not None and conf is not None and r_conf >= conf and not r_lo <= lo <= hi <= r_hi:
+        lint.problems.append(LintProblem(
+            field=f"{base}.record_ci_low",
+            message=f"the {100 * r_conf:g} % record interval must hold the "
+                    f"{100 * conf:g} % interval", found=[r_lo, r_hi], expected=[lo, hi]))
+    if eq is not None:
+        lint.equal(f"{base}.record_verdict", verdict(r_lo, r_hi, eq).value,
+                   "the record verdict follows from the record CI and the equivalence margin")
+
+
+def _recompute_analysis(lint: _Linter, names: list[str], values: list[float | None],
+                        va: Mapping[str, Any]) -> None:
+    from scipy import stats as sps
+
+    from tokrecord.experiment.stats import fit_legs
+
+    conf = _num(va.get("confidence"))
+    if conf is None or any(v is None for v in values):
+        return
+    fit = fit_legs([float(v) / 100 for v in values if v is not None],
+                   [_block_of(n) for n in names], [n.startswith("B") for n in names])
+    if isinstance(fit, str):
+        lint.problems.append(LintProblem(field="verdict_analysis.ratio",
+                                         message=f"an interval where none can be fitted: {fit}"))
+        return
+    tau, se, df, s2 = fit
+    base = "verdict_analysis"
+    what = "from the legs' figures (leg_statistics) fitted on block and treatment"
+    lint.close(f"{base}.ratio", math.exp(tau), f"exp(treatment effect) {what}",
+               rel_tol=RECOMPUTED_TOL)
+    r_conf = _num(va.get("record_confidence"))
+    for prefix, level in (("", conf), ("record_", r_conf)):
+        if level is None:
+            continue
+        t = float(sps.t.ppf(0.5 + level / 2, df))
+        lint.close(f"{base}.{prefix}ci_low", math.exp(tau - t * se),
+                   f"exp(effect - t({df}) se) at {100 * level:g} % {what}", rel_tol=RECOMPUTED_TOL)
+        lint.close(f"{base}.{prefix}ci_high", math.exp(tau + t * se),
+                   f"exp(effect + t({df}) se) at {100 * level:g} % {what}", rel_tol=RECOMPUTED_TOL)
+    lint.close(f"{base}.residual_sd_pct", 100 * math.sqrt(s2), f"residual sd {what}",
+               rel_tol=RECOMPUTED_TOL)
+
+
+def _lint_power(lint: _Linter, blocks: int) -> None:
+    """The preregistered power: for the design's blocks, its minimum effect among its entries."""
+    from tokrecord.experiment.stats import abba_df
+
+    power = lint.get("power")
+    if not isinstance(power, Mapping):
+        return
+    lint.equal("power.blocks", blocks, "the power is the plan's, for its blocks")
+    lint.equal("power.df", abba_df(blocks), "df of the leg-level fit: 3 x blocks - 1")
+    lint.equal("power.rows", lint.get("protocol.prompt_count_per_leg"),
+               "the power is for the suite's rows")
+    for key in ("confidence", "equivalence_pct"):
+        lint.equal(f"power.{key}", lint.get(f"verdict_analysis.{key}"),
+                   f"the power and the verdict share their {key.replace('_', ' ')}")
+    entries = power.get("entries") or []
+    for i, entry in enumerate(entries):
+        value = _num(entry.get("power")) if isinstance(entry, Mapping) else None
+        if value is None or not 0.0 <= value <= 1.0:
+            lint.problems.append(LintProblem(field=f"power.entries.{i}.power",
+                                             message="a probability in [0, 1]",
+                                             found=entry.get("power") if isinstance(entry, Mapping)
+                                             else entry))
+    effect = _num(power.get("min_effect_pct"))
+    if effect is None:
+        return
+    mine = [e for e in entries if isinstance(e, Mapping) and _num(e.get("effect_pct")) == effect]
+    if not mine:
+        lint.problems.append(LintProblem(field="power.entries",
+                                         message="the minimum effect has no entry",
+                                         expected=effect))
+        return
+    lint.close("power.min_effect_power", _num(mine[0].get("power")),
+               f"the power of the +{effect:g} % entry")
+
+
+def _lint_abba(lint: _Linter) -> None:
+    runs = lint.get("runs") or {}
+    blocks = _blocks(lint)
+    design = str(lint.get("protocol.design") or "abba")
+    for name, leg in runs.items():
+        if isinstance(leg, Mapping):
+            _lint_speculative(lint, f"runs.{name}")
+            lint.count(f"runs.{name}.teacher_exact")
+    _lint_design(lint, runs, blocks, design)
+    _lint_pairs(lint, runs, blocks)
+    _lint_gate(lint, runs, blocks, design)
+    summed = [lint.count(f"runs.{n}.teacher_exact") for n in runs]
+    if summed and all(s is not None for s in summed):
+        total = f"{sum(s[0] for s in summed if s)}/{sum(s[1] for s in summed if s)}"
+        lint.equal("quality.all_legs_teacher_exact", total, "sum of the legs' teacher-exact counts")
+    for key in ("all_legs_cached_zero", "long_then_next_exact", "rollover_exact"):
+        lint.count(f"quality.{key}")
+    _lint_bootstrap(lint)
+    _lint_analysis(lint, runs, blocks)
+    _lint_power(lint, blocks)
 
 
 def lint_record(record: Mapping[str, Any]) -> list[LintProblem]:

@@ -35,11 +35,13 @@ from tokrecord.experiment.leg import (
     evaluate_gates,
     leg_telemetry,
 )
+from tokrecord.experiment.plan import Plan
 from tokrecord.gates.teacher import load_teacher
 from tokrecord.identity import sha256_file
 from tokrecord.metrics import parse_counters, row_metrics
 from tokrecord.probes.idle import IdleResult
 from tokrecord.probes.telemetry import read_samples
+from tokrecord.record.build import build_record
 from tokrecord.server.process import CleanupReport
 from tokrecord.suite import Suite, parse_suite
 
@@ -279,9 +281,6 @@ def _verify_addendum(directory: Path) -> list[Problem]:
 
 
 def _verify_experiment(exp_dir: Path) -> list[Problem]:
-    from tokrecord.experiment.plan import Plan
-    from tokrecord.experiment.runner import build_record
-
     problems: list[Problem] = []
     plan_raw = _load_json(exp_dir / layout.PLAN, exp_dir, problems)
     if plan_raw is None:

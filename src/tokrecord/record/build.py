@@ -1,0 +1,113 @@
+"""Building a record from an experiment directory, and sealing it: the record's I/O.
+
+`build_record` reads what the pure builders in `tokrecord.record` need (each leg's
+rows, the state log's attempts and idle gaps, the preregistered power, and the
+`EvidenceFacts`: hardware, file hashes, identity, date) and calls them. `finish`
+validates the record, writes it, closes the state log and seals the directory.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tokrecord.evidence import canonical_json, layout
+from tokrecord.evidence.seal import SigningKey, load_or_create_key, seal
+from tokrecord.experiment.leg import LegResult, load_rows, outcomes
+from tokrecord.experiment.plan import Design, Plan
+from tokrecord.experiment.runner import (
+    attempts_log,
+    idle_gaps,
+    leg_config,
+    mark_complete,
+    plan_suite,
+)
+from tokrecord.identity import sha256_file
+from tokrecord.record import SCHEMA_ABBA, EvidenceFacts, abba_record, single_leg_record
+from tokrecord.record.schema import validate_record
+
+
+def build_record(plan: Plan, exp_dir: Path, results: Mapping[str, LegResult],
+                 schema: str | None = None) -> dict[str, Any]:
+    """The record of a finished experiment, from its legs' evidence; `schema` names an
+    older record form when an older record is recomputed (verify)."""
+    tries = attempts_log(exp_dir)
+    facts = evidence_facts(exp_dir, results)
+    if plan.design is Design.SINGLE:
+        return single_leg_record(plan, results["B1"], tries, facts)
+    suite = plan_suite(plan)
+    rows = {name: load_rows(Path(r.run_dir)) for name, r in results.items()}
+    outs = {name: outcomes(rows[name], leg_config(plan, suite, name, r.arm, 1))  # type: ignore[arg-type]
+            for name, r in results.items()}
+    power_path = exp_dir / layout.POWER
+    power = json.loads(power_path.read_text(encoding="utf-8")) if power_path.exists() else None
+    return abba_record(plan, results, rows, outs, tries, idle_gaps(exp_dir), facts, power,
+                       schema or SCHEMA_ABBA)
+
+
+def finish(exp_dir: Path, record: dict[str, Any], key: SigningKey | None = None) -> Path:
+    """Write record.json, close the experiment and seal it (manifest, signature,
+    read-only): no leg can run, and nothing can change, after this."""
+    validate_record(record)  # a record that breaks tokrecord.record/v1 is never sealed
+    path = exp_dir / layout.RECORD
+    with open(path, "xb") as fh:
+        fh.write(canonical_json(record) + b"\n")
+    mark_complete(exp_dir, path)
+    seal(exp_dir, key or load_or_create_key())
+    return path
+
+
+def evidence_facts(exp_dir: Path, results: Mapping[str, LegResult]) -> EvidenceFacts:
+    return EvidenceFacts(
+        date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"), root=str(exp_dir),
+        identity=identity_summary(exp_dir),
+        hardware={name: hardware(Path(r.run_dir)) for name, r in results.items()},
+        evidence_sha256={name: evidence_hashes(Path(r.run_dir)) for name, r in results.items()})
+
+
+def evidence_hashes(run_dir: Path) -> dict[str, str]:
+    return {name: sha256_file(run_dir / name) for name in layout.EVIDENCE_FILES
+            if (run_dir / name).exists()}
+
+
+def hardware(run_dir: Path) -> dict[str, Any] | None:
+    """What the probes saw at the start of the leg (hardware.json), or None for
+    evidence made before probes existed."""
+    path = run_dir / layout.HARDWARE
+    if not path.exists():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def identity_summary(exp_dir: Path) -> dict[str, Any]:
+    """The identity facts a reader looks for first, and the hash of the full file."""
+    path = exp_dir / layout.IDENTITY
+    if not path.exists():
+        return {}
+    ident = json.loads(path.read_text(encoding="utf-8"))
+    tok = ident.get("tokrecord") or {}
+    model = ident.get("model") or {}
+    out: dict[str, Any] = {
+        "identity_sha256": sha256_file(path),
+        "tokrecord": {k: tok.get(k) for k in ("kind", "commit", "dirty", "version") if k in tok},
+        "sources": {name: {"commit": s.get("commit"), "dirty": s.get("dirty"),
+                           "public_base": s.get("public_base"),
+                           "bundle_sha256": (s.get("bundle") or {}).get("sha256"),
+                           "patch_sha256": (s.get("patch") or {}).get("sha256")}
+                    for name, s in (ident.get("sources") or {}).items()},
+        "native_modules": ident.get("native_modules") or {},
+        "runtime_lock_sha256": hashlib.sha256(
+            json.dumps(ident.get("runtime_locks"), sort_keys=True).encode()).hexdigest(),
+        "runtime_lock_packages": {env: len(lock)
+                                  for env, lock in (ident.get("runtime_locks") or {}).items()},
+        "model_manifest_sha256": model.get("manifest_sha256"),
+        "model_revision": model.get("revision"),
+        "python": ident.get("python"),
+        "platform": ident.get("platform"),
+    }
+    return out
