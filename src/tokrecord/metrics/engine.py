@@ -38,8 +38,9 @@ def parse_counters(text: str) -> dict[str, float]:
     return totals
 
 
-class EngineCounters(BaseModel):
-    """Deltas over one suite; None where the engine does not expose the counter."""
+class SpeculativeCounters(BaseModel):
+    """Speculative-decoding deltas over one suite under the seeds' names (records carry
+    them per leg); None where the engine does not expose the counter."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -49,6 +50,11 @@ class EngineCounters(BaseModel):
     draft_acceptance_rate: float | None
     emitted_tokens_per_draft_cycle: float | None
     aggregate_cycle_ms: float | None
+
+
+class EngineCounters(SpeculativeCounters):
+    """Every counter delta over one suite; None where the engine does not expose it."""
+
     prefix_cache_hits: int | None
     prefix_cache_queries: int | None
 

@@ -29,6 +29,14 @@ class Convention(StrEnum):
     CHUNK_AWARE = "chunk-aware"  # tokens after chunk a / (T_b - T_a)
 
 
+# The headline formulas as records state them, one per convention.
+FORMULAS: dict[Convention, str] = {
+    Convention.CONVENTIONAL: "99 / (timestamp[100] - timestamp[1])",
+    Convention.LEGACY: "100 / (timestamp[100] - timestamp[1])",
+    Convention.CHUNK_AWARE: "tokens in chunks a+1..b / (T_b - T_a)",
+}
+
+
 class Chunk(BaseModel):
     """One token-carrying chunk: when its bytes arrived and how many tokens it held."""
 

@@ -32,7 +32,7 @@ from tokrecord.experiment.stats import (
     record_gate,
 )
 from tokrecord.gates import GateResult, GateStatus, RowOutcome, cross_leg_exact
-from tokrecord.metrics import EngineCounters
+from tokrecord.metrics import FORMULAS, Convention, EngineCounters, SpeculativeCounters
 
 # v2: k blocks, the A/A design, the leg-level verdict (`verdict_analysis`) and the
 # preregistered power. v1 (one ABBA block, the paired bootstrap) is still built
@@ -40,11 +40,6 @@ from tokrecord.metrics import EngineCounters
 SCHEMA_ABBA = "tokrecord.experiment-record/v2"
 SCHEMA_ABBA_V1 = "tokrecord.experiment-record/v1"
 SCHEMA_SINGLE = "tokrecord.single-leg-record/v1"
-FORMULAS = {
-    "conventional": "99 / (timestamp[100] - timestamp[1])",
-    "legacy-inclusive-events": "100 / (timestamp[100] - timestamp[1])",
-    "chunk-aware": "tokens in chunks a+1..b / (T_b - T_a)",
-}
 
 
 class EvidenceFacts(BaseModel):
@@ -89,9 +84,7 @@ def _summed(results: Sequence[LegResult], name: str) -> str:
 
 def _speculative(e: EngineCounters | None) -> dict[str, Any]:
     """Engine counter deltas under the seeds' names (None where not exposed)."""
-    fields = ("draft_cycles", "draft_tokens", "accepted_draft_tokens", "draft_acceptance_rate",
-              "emitted_tokens_per_draft_cycle", "aggregate_cycle_ms")
-    return {name: getattr(e, name) if e else None for name in fields}
+    return {name: getattr(e, name) if e else None for name in SpeculativeCounters.model_fields}
 
 
 def _leg_block(result: LegResult, attempts: int, facts: EvidenceFacts) -> dict[str, Any]:
@@ -202,7 +195,7 @@ def abba_record(
             "top_level_output_tokens_suite_median": _median_int([r.trace.n_tokens for r in first]),
             "metric": plan.metric,
             "headline_convention": plan.headline.value,
-            "headline_formula": FORMULAS[plan.headline.value],
+            "headline_formula": FORMULAS[plan.headline],
             "fifth_run_permitted": False,
         },
         "runs": {name: _leg_block(results[name], tries[name], facts) for name in results},
@@ -308,11 +301,11 @@ def accounting(plan: Plan, headline: LegResult) -> dict[str, Any]:
     return {
         "headline_leg": headline.name,
         "published_convention": head,
-        "published_formula": FORMULAS[head],
+        "published_formula": FORMULAS[plan.headline],
         "published_value_tok_s": s.tok_s_out,
         "timestamped_events": 100,
         "inter_token_intervals": 99,
-        "conventional_interval_formula": FORMULAS["conventional"],
+        "conventional_interval_formula": FORMULAS[Convention.CONVENTIONAL],
         "conventional_interval_value_tok_s": s.tok_s_out_conventional,
         "legacy_inclusive_events_value_tok_s": s.tok_s_out_legacy,
         "chunk_aware_value_tok_s": s.tok_s_out_chunk_aware,
@@ -359,11 +352,11 @@ def single_leg_record(
         "metric": plan.metric,
         "metric_accounting": {
             "published_convention": head,
-            "published_formula": FORMULAS[head],
+            "published_formula": FORMULAS[plan.headline],
             "published_value_tok_s": value,
             "timestamped_events": 100,
             "inter_token_intervals": 99,
-            "conventional_interval_formula": FORMULAS["conventional"],
+            "conventional_interval_formula": FORMULAS[Convention.CONVENTIONAL],
             "conventional_interval_value_tok_s": conv,
             "legacy_inclusive_events_value_tok_s": s.tok_s_out_legacy,
             "chunk_aware_value_tok_s": s.tok_s_out_chunk_aware,

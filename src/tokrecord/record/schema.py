@@ -46,7 +46,7 @@ from tokrecord.experiment.stats import (
     VerdictAnalysis,
 )
 from tokrecord.gates import GateResult, GateStatus
-from tokrecord.metrics import Convention
+from tokrecord.metrics import Convention, SpeculativeCounters
 from tokrecord.probes.telemetry import TelemetrySummary
 from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
 
@@ -89,17 +89,6 @@ class Attempt(_Section):
     valid: bool
     error: str | None
     run_dir: str
-
-
-class SpeculativeCounters(_Section):
-    """Engine counter deltas over the suite; null where the engine does not expose them."""
-
-    draft_cycles: int | None
-    draft_tokens: int | None
-    accepted_draft_tokens: int | None
-    draft_acceptance_rate: float | None
-    emitted_tokens_per_draft_cycle: float | None
-    aggregate_cycle_ms: float | None
 
 
 class GitTokrecord(_Section):
