@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from tokrecord.experiment.plan import parse_plan
-from tokrecord.experiment.runner import build_record, finish, run_experiment
+from tokrecord.experiment.runner import run_experiment
+from tokrecord.record.build import build_record, finish
 from tokrecord.record.verify import verify_dir
 from tokrecord.report import load_report, render_html
 from tokrecord.report.browser import Browser, find_chromium
@@ -101,6 +102,20 @@ def test_leg_report_with_telemetry_renders_cleanly(browser: Browser, tmp_path: P
     sections = open_page(browser, page)
     assert svg_count(sections, "telemetry") == 1
     assert svg_count(sections, "abba") == 1
+
+
+@pytest.mark.parametrize(("name", "abba_svgs"), [("v2-blocks2", 3), ("v2-aa", 3)])
+def test_v2_reports_render_cleanly(browser: Browser, tmp_path: Path, name: str,
+                                   abba_svgs: int) -> None:
+    """k blocks and the A/A design: legs in run order, pairs, the leg-level interval."""
+    fixture = DEMO.parent / name
+    page = tmp_path / f"{name}.html"
+    page.write_text(render_html(load_report(fixture, verify=False)))
+    sections = open_page(browser, page)
+    assert svg_count(sections, "abba") == abba_svgs
+    legs = len(json.loads((fixture / "record.json").read_text())["runs"])
+    width, _, marks = sections["abba"]["svgs"][0]  # the legs chart: one dot per leg, and more
+    assert width > 800 and marks > legs
 
 
 # --------------------------------------------------------------------------- a fresh experiment

@@ -28,7 +28,8 @@ import pytest
 from test_experiment_fake import MAX_TOKENS, TOPICS, plan_toml, suite_jsonl, write_plan
 from tokrecord.evidence import canonical_json, read_jsonl
 from tokrecord.evidence.seal import verify_seal
-from tokrecord.experiment.runner import build_record, finish, run_experiment
+from tokrecord.experiment.runner import run_experiment
+from tokrecord.record.build import build_record, finish
 from tokrecord.server.fake import output_token_ids, prompt_token_ids
 from tokrecord.submit.facts import SubmitError, load_facts
 from tokrecord.submit.flow import check, dry_run, send
@@ -450,3 +451,77 @@ def test_cli_dry_run_send_check_and_the_key_is_in_no_file(
                 assert needle not in path.read_bytes(), path
     assert scanned > 50
     assert all(KEY not in text for text in outputs)
+
+
+# ------------------------------------------------------------ k blocks, A/A, v1 records
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def sealed_blocks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A two-block ABBA record (8 legs): the headline may come from any block."""
+    root = tmp_path_factory.mktemp("submit-blocks")
+    path, plan = write_plan(root, plan_toml("submit-blocks", control=1000, candidate=1050,
+                                            idle=0, extra="blocks = 2"))
+    exp = root / "exp"
+    results = run_experiment(plan, exp, plan_text=path.read_bytes())
+    finish(exp, build_record(plan, exp, results))
+    return exp
+
+
+def test_dry_run_of_a_two_block_record_uses_every_candidate_leg(sealed_blocks: Path,
+                                                                 tmp_path: Path) -> None:
+    record = tmp_path / "blocks"
+    shutil.copytree(sealed_blocks, record)
+    rec = json.loads((record / "record.json").read_text())
+    cands = {n: rec["runs"][n]["headline_tok_s"] for n in ("B1", "B2", "B3", "B4")}
+    lowest = min(cands, key=cands.__getitem__)
+    result = dry_run(record, LocalMaxxing(f"http://127.0.0.1:{closed_port()}", connect_timeout_s=1),
+                     OPTS)
+    assert result.valid, result.local_issues
+    facts = result.prepared.facts
+    assert (facts.leg, facts.candidate_legs, facts.blocks) == (lowest, ("B1", "B2", "B3", "B4"), 2)
+    p = result.prepared.built.payload
+    assert p["tokSOut"] == cands[lowest] == min(cands.values())
+    assert p["ttftMs"] == rec["runs"][lowest]["ttft_median_ms"]
+    a = rec["verdict_analysis"]
+    assert (f"leg {lowest}, the lowest of the 4 candidate legs of ABBA experiment submit-blocks "
+            f"(2 blocks); verdict {rec['verdict']} (candidate/control {a['ratio']:.4f}, 95 % CI "
+            f"[{a['ci_low']:.4f}, {a['ci_high']:.4f}], leg-level t interval, df 5)") in p["notes"]
+    assert any(f"leg {lowest} rows.json" in d for d in result.prepared.built.derivation)
+
+
+def test_a_v1_record_still_submits_as_before(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from tokrecord.submit.localmaxxing import build_payload
+
+    record = tmp_path / "v1"
+    shutil.copytree(FIXTURES / "v1-record" / "abba", record)
+    facts = load_facts(record)  # it verifies: a v1 record is accepted as it is
+    assert (facts.form, facts.leg, facts.candidate_legs, facts.blocks) == ("abba", "B1",
+                                                                           ("B1", "B2"), 1)
+    # Its legs fail token_count_integrity by design (see the fixture's README): refused.
+    with pytest.raises(SubmitError, match="headline leg B1 is not valid"):
+        build_payload(facts, OPTS)
+    notes = build_payload(replace(facts, leg_valid=True), OPTS).payload["notes"]
+    assert ("leg B1, the lower of the two candidate legs of ABBA experiment v1-abba; verdict "
+            "FASTER; record status no_record.") in notes
+    assert "leg-level" not in notes and "blocks" not in notes
+
+
+def test_cli_refuses_an_aa_record(tmp_path: Path) -> None:
+    record = tmp_path / "aa"
+    shutil.copytree(FIXTURES / "report" / "v2-aa", record)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLUMNS": "300", "TERM": "dumb",
+           "TOKRECORD_CONFIG_DIR": str(tmp_path / "cfg")}
+    proc = subprocess.run([PY, "-m", "tokrecord", "submit", str(record), "--url",
+                           f"http://127.0.0.1:{closed_port()}", "--hf-id", "x/y"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "tokrecord: error: this is an A/A experiment (design 'aa'" in err
+    assert "makes no speed claim, so there is nothing to submit" in err
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.glob("aa.localmaxxing-*.queue.json"))  # nothing was queued

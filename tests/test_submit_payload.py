@@ -300,3 +300,65 @@ def test_compare_field_by_field() -> None:
     assert not fields["batchSize"]["match"] and fields["batchSize"]["missing"] is True
     assert not compare({"x": 1.0}, {"x": 1.001})[0]["match"]
     assert not compare({"x": True}, {"x": 1})[0]["match"]
+
+
+# ------------------------------------------------------------ v2: every block, A/A, v1
+
+FIXTURES = Path(__file__).parent / "fixtures"
+V2 = FIXTURES / "report" / "v2-blocks2"  # ABBA over 2 blocks: candidate legs B1 B2 B3 B4
+AA = FIXTURES / "report" / "v2-aa"
+V1 = FIXTURES / "v1-record" / "abba"
+
+
+def record_of(path: Path) -> dict[str, Any]:
+    return json.loads((path / "record.json").read_text())  # type: ignore[no-any-return]
+
+
+def test_headline_is_the_lowest_candidate_leg_of_every_block() -> None:
+    from tokrecord.submit.facts import _headline, candidate_legs
+
+    record = record_of(V2)
+    assert candidate_legs(record) == ("B1", "B2", "B3", "B4")
+    heads = {n: record["runs"][n]["headline_tok_s"] for n in ("B1", "B2", "B3", "B4")}
+    assert min(heads, key=heads.__getitem__) == "B2"  # by hand: 2111.53 is the lowest
+    form, leg, accounting, run_dir, valid, ttft, *_ = _headline(record)
+    assert (form, leg, valid) == ("abba", "B2", True)
+    assert accounting["published_value_tok_s"] == heads["B2"]
+    assert run_dir.endswith("/B2/attempt-1") and ttft == record["runs"]["B2"]["ttft_median_ms"]
+    record["metric_accounting"]["headline_leg"] = "B4"
+    with pytest.raises(SubmitError, match=r"leg B4 \(2136\.26.* tok/s\) as the headline; the "
+                                          r"headline is the lowest candidate leg \(2111\.529"):
+        _headline(record)
+    record["metric_accounting"]["headline_leg"] = "A3"
+    with pytest.raises(SubmitError, match="not a candidate leg"):
+        _headline(record)
+    # v1 records (one block) are still submitted: their headline leg is B1 or B2.
+    assert _headline(record_of(V1))[1] == "B1"
+
+
+def test_v2_notes_say_which_of_how_many_legs_and_the_interval() -> None:
+    record = record_of(V2)
+    facts = demo_facts(record={**demo_facts().record, "verdict": "FASTER",
+                               "verdict_analysis": record["verdict_analysis"]},
+                       leg="B2", candidate_legs=("B1", "B2", "B3", "B4"), blocks=2)
+    notes = build_payload(facts, OPTS).payload["notes"]
+    assert ("leg B2, the lowest of the 4 candidate legs of ABBA experiment demo-ngram-vs-plain "
+            "(2 blocks); verdict FASTER (candidate/control 1.0703, 95 % CI [1.0242, 1.1183], "
+            "leg-level t interval, df 5); record status no_record.") in notes
+    one_block = build_payload(demo_facts(candidate_legs=("B1", "B2")), OPTS).payload["notes"]
+    assert ("leg B1, the lower of the two candidate legs of ABBA experiment demo-ngram-vs-plain; "
+            "verdict UNDECIDED; record status no_record.") in one_block
+
+
+def test_an_aa_record_is_refused_before_verifying(tmp_path: Path) -> None:
+    from tokrecord.submit.facts import _headline, load_facts
+
+    with pytest.raises(SubmitError, match=r"A/A experiment \(design 'aa': the same arm, control, "
+                                          r"in every leg\).*makes no speed claim"):
+        _headline(record_of(AA))
+
+    def never(_: Path) -> list[Any]:
+        raise AssertionError("an A/A record must be refused before it is verified")
+
+    with pytest.raises(SubmitError, match="nothing to submit"):
+        load_facts(AA, verify=never)

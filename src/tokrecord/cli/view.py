@@ -189,7 +189,7 @@ def print_leg(out: Console, err: Console, result: LegResult) -> None:
         err.print(f"[yellow]warning:[/] {escape(warning)}")
 
 
-_STATUS_STYLE = {"pass": "green", "fail": "bold red", "not tested": "yellow"}
+_STATUS_STYLE = {"pass": "green", "fail": "bold red", "not tested": "yellow", "n/t": "yellow"}
 # Short terminal labels; gates.json keeps the full names.
 _LABELS = {
     "teacher_exact": "teacher exact",
@@ -280,9 +280,15 @@ def _pct(value: Any) -> str:
 
 
 def experiment_tables(record: dict[str, Any]) -> list[Table]:
+    from tokrecord.report.load import pair_names, record_design  # numpy: only when needed
+
     order = [item.split("-")[0] for item in record["protocol"]["order"]]
     legs = [name for name in order if name in record["runs"]]
-    runs = Table(title=f"experiment {record['experiment']} — legs", box=None, padding=(0, 1))
+    design, blocks = record_design(record)
+    # v1 records keep their title; v2 names its design (A/A legs all run one arm).
+    what = "" if design is None else \
+        f" ({'A/A' if design == 'aa' else 'ABBA'}, {blocks} block{'s' if blocks != 1 else ''})"
+    runs = Table(title=f"experiment {record['experiment']} — legs{what}", box=None, padding=(0, 1))
     for col in ("leg", "arm", "tok/s", "p10", "TTFT ms", "cycle ms", "acc.", "exact", "W",
                 "J/tok", "idle", "valid"):
         runs.add_column(col, justify="right" if col not in ("leg", "arm") else "left")
@@ -297,10 +303,12 @@ def experiment_tables(record: dict[str, Any]) -> list[Table]:
                      fmt(leg["draft_acceptance_rate"], 3), leg["teacher_exact"],
                      fmt(tel.get("power_w_mean"), 0), fmt(tel.get("joules_per_output_token"), 3),
                      idle, "yes" if leg["valid"] else "[red]NO[/]")
-    pairs = Table(title="pairs (candidate vs control)", box=None, padding=(0, 1))
+    pairs = Table(title="pairs (B vs A positions, one arm)" if design == "aa"
+                  else "pairs (candidate vs control)", box=None, padding=(0, 1))
     for col in ("pair", "headline Δ", "paired median Δ", "row wins", "cycle saving ms", "pass"):
         pairs.add_column(col, justify="left" if col == "pair" else "right")
-    for name, p in record["pair_results"].items():
+    for name in pair_names(record):  # block order (B10_vs_A10 after B9_vs_A9)
+        p = record["pair_results"][name]
         pairs.add_row(name, _pct(p["headline_delta_pct"]), _pct(p["paired_median_delta_pct"]),
                       p["candidate_row_wins"], fmt(p["aggregate_cycle_saving_ms"], 3),
                       "[green]pass[/]" if p["passed"] else "[red]fail[/]")
@@ -309,11 +317,17 @@ def experiment_tables(record: dict[str, Any]) -> list[Table]:
     for name in legs:
         matrix.add_column(name, justify="right", no_wrap=True)
     present = record["runs"][legs[0]]["gates"]
+    # Past one block the columns are narrow: "not tested" would be cut to "not tes…".
+    short = len(legs) > 4
+    if short:
+        matrix.caption = "n/t: not tested"
     for gate in [g for g in _LABELS if g in present] + [g for g in present if g not in _LABELS]:
         cells = []
         for name in legs:
             g = record["runs"][name]["gates"].get(gate, {})
             status = g.get("status", "—")
+            if short and status == "not tested":
+                status = "n/t"
             style = _STATUS_STYLE.get(status, "")
             text = g.get("count") or status if status == "pass" else status
             cells.append(f"[{style}]{text}[/]" if style else text)
@@ -345,6 +359,37 @@ def experiment_tables(record: dict[str, Any]) -> list[Table]:
     return [runs, matrix, pairs, quality, rg]
 
 
+def verdict_lines(record: dict[str, Any]) -> list[str]:
+    """A v2 record's design, leg-level interval, its noise and the preregistered power, in
+    the report's words (none for v1: its bootstrap line is printed as it always was)."""
+    from tokrecord.report import fmt as report_fmt
+    from tokrecord.report.load import analysis_view, power_view, record_design
+    from tokrecord.report.text import (
+        interval_text,
+        noise_text,
+        power_text,
+        record_interval_text,
+    )
+
+    design, blocks = record_design(record)
+    if design is None:
+        return []
+    lines = [f"design: {report_fmt.design(design, blocks)}"]
+    a = analysis_view(record)
+    if a is not None:
+        lines.append(interval_text(a) + (f" (equivalence ±{a.equivalence_pct:g} %)"
+                                         if a.ratio is not None else ""))
+        for_record = record_interval_text(a) if a.ratio is not None else None
+        if for_record is not None:
+            lines.append(f"for record: {for_record}")
+        if a.ratio is not None:
+            lines.append(f"noise: {noise_text(a)}")
+    p = power_view(record)
+    lines.append(f"power: {power_text(p)}" if p is not None
+                 else "power: none preregistered (the plan declared no min_effect_pct)")
+    return lines
+
+
 def print_experiment(out: Console, record: dict[str, Any], path: Path) -> None:
     for table in experiment_tables(record):
         out.print(table)
@@ -356,6 +401,8 @@ def print_experiment(out: Console, record: dict[str, Any], path: Path) -> None:
             f"[{boot['ci_low']:.4f}, {boot['ci_high']:.4f}] (paired bootstrap, "
             f"{boot['samples']} samples; equivalence ±{boot['equivalence_pct']:g} %)"
         )
+    for line in verdict_lines(record):
+        out.print(escape(line), soft_wrap=True)
     out.print(f"[bold]verdict: {record['verdict']}[/]")
     for reason in record["record_gate"]["reasons"]:
         out.print(f"  no record: {escape(reason)}")

@@ -214,8 +214,7 @@ def abba_chart(legs: Sequence[LegView], blocks: int | None = None) -> str | None
     colors = leg_colors(legs)
     groups = leg_groups(legs)
     values = [leg.tok_s for _, leg in heads if leg.tok_s is not None]
-    chart = Chart(title="Legs in run order: headline tok/s", height=280 if blocks is None else 300,
-                  top=28 if blocks is None else 40)
+    chart = Chart(title="Legs in run order: headline tok/s", height=280 if blocks is None else 300)
     chart.scales((-0.5, len(legs) - 0.5), _range(values, pad=0.25))
     by_group: dict[str, list[tuple[float, float]]] = {}
     for i, leg in heads:
@@ -232,8 +231,9 @@ def abba_chart(legs: Sequence[LegView], blocks: int | None = None) -> str | None
             lo, hi = 4 * (b - 1), min(4 * b, len(legs)) - 1
             if b > 1:
                 chart.vline(lo - 0.5, "#9ca3af")
-            chart.text((lo + hi) / 2, chart.y.hi if chart.y else 0.0,
-                       f"block {b} ({'ABBA' if b % 2 else 'BAAB'})", dy="-0.5em")
+            # Inside the plot's bottom margin: the legend has the top edge.
+            chart.text((lo + hi) / 2, chart.y.lo if chart.y else 0.0,
+                       f"block {b} ({'ABBA' if b % 2 else 'BAAB'})", dy="-0.6em")
     for i, leg in heads:
         assert leg.tok_s is not None
         chart.dot(i, leg.tok_s, colors[leg.name], r=7 if len(legs) <= 8 else 5,
@@ -253,14 +253,14 @@ def abba_chart(legs: Sequence[LegView], blocks: int | None = None) -> str | None
     return chart.render()
 
 
-def pairs_chart(pairs: Sequence[PairView]) -> str | None:
+def pairs_chart(pairs: Sequence[PairView], label: str = "candidate / control") -> str | None:
     """Each pair's headline and paired-median deltas, in block order: whether the effect
     holds in every block, or one pair carries it."""
     values = [v for p in pairs for v in (p.headline_delta_pct, p.paired_median_delta_pct)
               if v is not None]
     if not values:
         return None
-    chart = Chart(title="Pairs in block order: candidate vs control, %", height=280)
+    chart = Chart(title=f"Pairs in block order: {label}, %", height=280)
     lo, hi = min(min(values), 0.0), max(max(values), 0.0)
     chart.scales((-0.5, len(pairs) - 0.5), _range([lo, hi], pad=0.15))
     chart.hline(0.0, MUTED, dash=None)
@@ -275,7 +275,7 @@ def pairs_chart(pairs: Sequence[PairView]) -> str | None:
             chart.bar(x, x + width * 0.92, 0.0, value, color,
                       title=f"{p.name}: {what} {fmt.pct(value)}, row wins {p.row_wins}, "
                             f"{'pass' if p.passed else 'fail'}")
-    chart.axes("pair, in block order", "% (candidate / control - 1)",
+    chart.axes("pair, in block order", f"% ({label} - 1)",
                xticks=[float(i) for i in range(len(pairs))],
                xtick_labels=[p.name.replace(" vs ", "/") for p in pairs])
     chart.legend([("headline Δ", "#d35400"), ("paired median Δ", "#1f5fa8")])
@@ -287,17 +287,23 @@ def ci_chart(b: Bootstrap) -> str:
 
 
 def interval_chart(ratio: float, ci_low: float, ci_high: float, confidence: float,
-                   equivalence_pct: float, label: str = "candidate / control") -> str:
-    """The ratio on a line with its interval and the equivalence band around 1."""
+                   equivalence_pct: float, label: str = "candidate / control",
+                   outer: tuple[float, float, float] | None = None) -> str:
+    """The ratio on a line with its interval and the equivalence band around 1; `outer`
+    (low, high, confidence), when given, is the wider interval the record gate judges."""
     eq = equivalence_pct / 100
-    lo = min(ci_low, 1 - eq, ratio)
-    hi = max(ci_high, 1 + eq, ratio)
+    lo = min(ci_low, 1 - eq, ratio, *(outer[:1] if outer else ()))
+    hi = max(ci_high, 1 + eq, ratio, *(outer[1:2] if outer else ()))
     pad = (hi - lo) * 0.15 or 0.05
     chart = Chart(title=f"{label[:1].upper()}{label[1:]} with its confidence interval", height=150,
                   top=24, bottom=40)
     chart.scales(nice_range(lo - pad, hi + pad), (0.0, 1.0))
     chart.xband(1 - eq, 1 + eq, "#9ca3af", opacity=0.25)
     chart.vline(1.0, MUTED, dash=None)
+    if outer is not None:
+        o_low, o_high, o_conf = outer
+        chart.path([(o_low, 0.5), (o_high, 0.5)], "#9ca3af", width=6, opacity=0.6,
+                   title=f"{100 * o_conf:g} % CI [{o_low:.4f}, {o_high:.4f}]: the record gate's")
     chart.path([(ci_low, 0.5), (ci_high, 0.5)], "#111827", width=2.5,
                title=f"{100 * confidence:.0f} % CI [{ci_low:.4f}, {ci_high:.4f}]")
     for x in (ci_low, ci_high):
@@ -313,7 +319,9 @@ def interval_chart(ratio: float, ci_low: float, ci_high: float, confidence: floa
     numerator = label.split(" / ")[0]
     chart.text(chart.x.lo, 0.95, f"← {numerator} slower", anchor="start", dy="0.6em")
     chart.text(chart.x.hi, 0.95, f"{numerator} faster →", anchor="end", dy="0.6em")
-    chart.axes(f"{label} (grey band: equivalence ±{equivalence_pct:g} %)", "",
+    outer_note = (f"; wide grey bar: the record gate's {100 * outer[2]:g} % CI"
+                  if outer is not None else "")
+    chart.axes(f"{label} (grey band: equivalence ±{equivalence_pct:g} %{outer_note})", "",
                yticks=[], ygrid=False)
     return chart.render()
 

@@ -16,7 +16,14 @@ from tokrecord import __version__
 
 from . import charts, fmt
 from .model import Analysis, Fact, GateView, Kind, LegView, Power, ReportData
-from .text import interval_text, kind_text, noise_text, pairs_what, power_text
+from .text import (
+    interval_text,
+    kind_text,
+    noise_text,
+    pairs_what,
+    power_text,
+    record_interval_text,
+)
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 SECTIONS = (
@@ -333,7 +340,7 @@ def _abba_v2(d: ReportData) -> str:
     svg = charts.abba_chart(d.legs, k)
     if svg:
         parts.append(svg)
-    pairs = charts.pairs_chart(d.pairs)
+    pairs = charts.pairs_chart(d.pairs, "B / A" if aa else "candidate / control")
     if pairs:
         parts.append(pairs)
     a = d.analysis
@@ -341,11 +348,18 @@ def _abba_v2(d: ReportData) -> str:
         parts.append(_note(f"Verdict {d.verdict}: the record holds no leg-level analysis."))
     else:
         if a.ratio is not None and a.ci_low is not None and a.ci_high is not None:
+            outer = ((a.record_ci_low, a.record_ci_high, a.record_confidence)
+                     if a.record_ci_low is not None and a.record_ci_high is not None
+                     and a.record_confidence is not None and not aa else None)
             parts.append(charts.interval_chart(a.ratio, a.ci_low, a.ci_high, a.confidence,
                                                a.equivalence_pct,
-                                               "B / A positions" if aa else "candidate / control"))
+                                               "B / A positions" if aa else "candidate / control",
+                                               outer))
+        record = record_interval_text(a)
         parts.append(_note(f"Verdict {d.verdict}: {interval_text(a)}; equivalence "
-                           f"±{a.equivalence_pct:g} %. {a.reason}. Method: {a.method}."))
+                           f"±{a.equivalence_pct:g} %. {a.reason}."
+                           + (f" For the record: {record}." if record else "")
+                           + f" Method: {a.method}."))
         parts.append("<h3>The noise the interval rests on</h3>" + _facts(_noise_facts(a)))
         parts.append(_leg_figures(d, a))
     parts.append(_power(d.power))

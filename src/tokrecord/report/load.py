@@ -501,7 +501,9 @@ def analysis_view(record: Mapping[str, Any]) -> Analysis | None:
         rows_used=int(a.get("rows_used") or 0), residual_sd_pct=a.get("residual_sd_pct"),
         leg_noise_sd_pct=a.get("leg_noise_sd_pct"), leg_noise_df=int(a.get("leg_noise_df") or 0),
         row_noise_sd_pct=a.get("row_noise_sd_pct"), row_noise_df=int(a.get("row_noise_df") or 0),
-        reason=str(a.get("reason", "")),
+        reason=str(a.get("reason", "")), record_confidence=a.get("record_confidence"),
+        record_ci_low=a.get("record_ci_low"), record_ci_high=a.get("record_ci_high"),
+        record_verdict=a.get("record_verdict"),
         leg_statistics=tuple((n, float(stats[n])) for n in names), no_claim=design == "aa",
     )
 

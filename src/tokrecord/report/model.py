@@ -216,6 +216,12 @@ class Analysis(_Frozen):
     row_noise_sd_pct: float | None
     row_noise_df: int
     reason: str
+    # The record gate asks for FASTER at its own, higher confidence (None: a v2 record
+    # made before the gate had one).
+    record_confidence: float | None = None
+    record_ci_low: float | None = None
+    record_ci_high: float | None = None
+    record_verdict: str | None = None
     leg_statistics: tuple[tuple[str, float], ...] = ()  # each leg's figure (%), in run order
     # A/A: the same arm in every leg; the ratio is B positions over A positions and
     # measures the noise floor, it makes no speed claim.

@@ -36,6 +36,11 @@ def tick_label(value: float) -> str:
         return f"{value / 1e6:g}M"
     if a >= 1e4:
         return f"{value / 1e3:g}k"
+    if a >= 100 and not float(value).is_integer():
+        # A narrow range far from zero (an A/A experiment's legs: 1,999.7..2,000.5):
+        # as many decimals as the tick needs, or every tick would read the same.
+        digits = next((d for d in (1, 2, 3) if abs(value - round(value, d)) < 1e-9), 3)
+        return f"{value:,.{digits}f}"
     if a >= 100 or a == 0 or float(value).is_integer():
         return f"{value:,.0f}"
     if a >= 1:

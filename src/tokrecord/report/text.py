@@ -54,6 +54,17 @@ def interval_text(a: Analysis) -> str:
             f"df {a.df}{claim}")
 
 
+def record_interval_text(a: Analysis) -> str | None:
+    """The interval the record gate judges, at its own higher confidence (none for an A/A
+    design, which claims nothing)."""
+    if a.no_claim or a.record_confidence is None or a.record_ci_low is None \
+            or a.record_ci_high is None:
+        return None
+    return (f"{a.record_verdict} at {100 * a.record_confidence:g} %: CI "
+            f"[{a.record_ci_low:.4f}, {a.record_ci_high:.4f}] (the record gate needs FASTER "
+            "at this confidence)")
+
+
 def noise_text(a: Analysis) -> str:
     """The noise the v2 interval rests on: between legs (what a claim must beat) and rows."""
     return (f"between legs sd {fmt.sd_pct(a.leg_noise_sd_pct)} (df {a.leg_noise_df}), "
@@ -94,6 +105,9 @@ def v2_lines(d: ReportData) -> list[tuple[str, str]]:
         return []
     out = []
     if d.analysis is not None and d.analysis.ratio is not None:
+        record = record_interval_text(d.analysis)
+        if record is not None:
+            out.append(("for record", record))
         out.append(("noise", noise_text(d.analysis)))
     out.append(("design", fmt.design(d.design, d.blocks)))
     out.append(("power", power_text(d.power) if d.power is not None

@@ -6,11 +6,12 @@ files a payload draws on. Everything after it (payload building, for any target)
 is a pure function of the returned ``RecordFacts``.
 
 The headline leg is the one the record publishes: for an ABBA experiment the
-lower of the two candidate legs (``metric_accounting.headline_leg``), for a
-single-leg record its one leg. Its own evidence (config.json, suite.jsonl,
-rows.json, gates.json, teacher.json) supplies the command line, the prompts, the
-token counts and the teacher outputs, so nothing is taken from the plan that the
-leg did not actually run.
+candidate leg with the lowest headline, over every block
+(``metric_accounting.headline_leg``), for a single-leg record its one leg. An A/A
+record (one arm in every leg: the noise floor) makes no speed claim and is refused.
+The headline leg's own evidence (config.json, suite.jsonl, rows.json, gates.json,
+teacher.json) supplies the command line, the prompts, the token counts and the
+teacher outputs, so nothing is taken from the plan that the leg did not actually run.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from tokrecord.errors import TokrecordError
 from tokrecord.evidence import canonical_json, read_json
 from tokrecord.evidence.seal import MANIFEST_NAME, Problem
 from tokrecord.identity import sha256_file
-from tokrecord.record import SCHEMA_ABBA, SCHEMA_SINGLE
+from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
+
+EXPERIMENT_SCHEMAS = (SCHEMA_ABBA, SCHEMA_ABBA_V1)  # v1: one block, made before v2; still submitted
 
 
 class SubmitError(TokrecordError):
@@ -43,7 +46,7 @@ class RecordFacts:
     record: Mapping[str, Any]  # record.json
     identity: Mapping[str, Any] | None  # identity.json, when the experiment collected one
     form: str  # "abba" or "single"
-    leg: str  # the headline leg's name (B1 or B2)
+    leg: str  # the headline leg's name (B1; in an ABBA experiment the lowest candidate leg)
     leg_valid: bool
     headline_tok_s: float | None
     convention: str
@@ -63,6 +66,8 @@ class RecordFacts:
     output_tokens: tuple[int, ...]  # per row, tokens received
     teacher_exact_count: str | None  # "13/13", None when not tested
     teacher_token_ids: tuple[tuple[int, ...], ...] | None  # only when every row is exact by ids
+    candidate_legs: tuple[str, ...] = ()  # an ABBA experiment's, in run order (every block)
+    blocks: int = 1  # an ABBA experiment's (v1 records: one)
 
     @property
     def rows(self) -> int:
@@ -123,16 +128,55 @@ def _leg_dir(record_dir: Path, run_dir: str, leg: str) -> Path:
     return path
 
 
+def refuse_no_claim(record: Mapping[str, Any]) -> None:
+    """An A/A record is the machine's noise floor: every leg runs one arm, so it says
+    nothing about a speed and must not reach a leaderboard."""
+    protocol = record.get("protocol")
+    if isinstance(protocol, Mapping) and protocol.get("design") == "aa":
+        arms = ", ".join(sorted(record.get("treatment") or {})) or "one arm"
+        raise SubmitError(
+            "this is an A/A experiment (design 'aa': the same arm, " + arms + ", in every leg): "
+            "it measures the machine's noise floor and makes no speed claim, so there is "
+            "nothing to submit. Submit an ABBA or single-leg record; use this one as the "
+            "noise of a plan's power (noise.from_records)")
+
+
+def candidate_legs(record: Mapping[str, Any]) -> tuple[str, ...]:
+    """An ABBA experiment's candidate legs in run order, every block (A1 B1 B2 A2 | B3 A3 ...)."""
+    runs = record.get("runs") or {}
+    order = [str(item).split("-")[0]
+             for item in (record.get("protocol") or {}).get("order") or list(runs)]
+    return tuple(n for n in order
+                 if isinstance(runs.get(n), Mapping) and runs[n].get("treatment") == "candidate")
+
+
+def _headline_leg(record: Mapping[str, Any], leg: Any) -> str:
+    """The named headline leg, checked: the candidate leg with the lowest headline."""
+    runs = record.get("runs") or {}
+    cands = candidate_legs(record)
+    if not isinstance(leg, str) or not isinstance(runs.get(leg), Mapping):
+        raise SubmitError("record.json names no headline leg (metric_accounting.headline_leg)")
+    if leg not in cands:
+        raise SubmitError(f"record.json names leg {leg} as the headline, which is not a candidate "
+                          f"leg (candidate legs: {', '.join(cands) or 'none'})")
+    heads = {n: runs[n].get("headline_tok_s") for n in cands}
+    if all(isinstance(v, int | float) for v in heads.values()):
+        lowest = min(float(v) for v in heads.values())
+        if float(heads[leg]) != lowest:
+            raise SubmitError(f"record.json names leg {leg} ({heads[leg]} tok/s) as the headline; "
+                              f"the headline is the lowest candidate leg ({lowest} tok/s)")
+    return leg
+
+
 def _headline(record: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any], str, bool, float | None,
                                                     float | None, float | None]:
     """(form, leg, accounting, run_dir, valid, ttft_ms, acceptance, emitted/cycle)."""
     schema = record.get("schema")
     accounting = record.get("metric_accounting") or {}
-    if schema == SCHEMA_ABBA:
-        leg = accounting.get("headline_leg")
-        run = (record.get("runs") or {}).get(leg)
-        if not isinstance(leg, str) or not isinstance(run, Mapping):
-            raise SubmitError("record.json names no headline leg (metric_accounting.headline_leg)")
+    if schema in EXPERIMENT_SCHEMAS:
+        refuse_no_claim(record)
+        leg = _headline_leg(record, accounting.get("headline_leg"))
+        run = (record.get("runs") or {})[leg]
         return ("abba", leg, accounting, str(run.get("run_dir")), bool(run.get("valid")),
                 run.get("ttft_median_ms"), run.get("draft_acceptance_rate"),
                 run.get("emitted_tokens_per_draft_cycle"))
@@ -142,7 +186,7 @@ def _headline(record: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any], s
                 bool(record.get("valid")), summary.get("ttft_ms_median"),
                 summary.get("draft_acceptance_rate"), summary.get("emitted_tokens_per_draft_cycle"))
     raise SubmitError(f"record.json has schema {schema!r}; submit takes "
-                      f"{SCHEMA_ABBA} or {SCHEMA_SINGLE}")
+                      f"{SCHEMA_ABBA}, {SCHEMA_ABBA_V1} or {SCHEMA_SINGLE}")
 
 
 TokenIds = tuple[tuple[int, ...], ...]
@@ -208,6 +252,8 @@ def facts_from_dir(record_dir: Path) -> RecordFacts:
         output_tokens=tuple(int(t.get("completion_tokens") or len(t.get("token_ids") or ())) for t in traces),
         teacher_exact_count=exact_count,
         teacher_token_ids=teacher_ids,
+        candidate_legs=candidate_legs(record) if form == "abba" else (),
+        blocks=int((record.get("protocol") or {}).get("blocks") or 1) if form == "abba" else 1,
     )
 
 
@@ -229,6 +275,9 @@ def load_facts(record_dir: Path, verify: Verifier = verify_record) -> RecordFact
     if not (record_dir / "record.json").is_file():
         raise SubmitError(f"{record_dir} has no record.json; submit takes an experiment "
                           "(tokrecord run), not a bare leg")
+    record = _read_json(record_dir / "record.json")
+    if isinstance(record, Mapping):
+        refuse_no_claim(record)  # before verifying: no amount of verification makes it a claim
     problems = verify(record_dir)
     if problems:
         first = "; ".join(f"{p.file}: {p.field}: {p.message}" for p in problems[:3])

@@ -247,12 +247,27 @@ def _single_active(record: Mapping[str, Any]) -> bool:
     return gate.get("status") == "pass"
 
 
+def _interval(record: Mapping[str, Any]) -> str:
+    """The v2 verdict's interval, which rests on the between-leg noise ('' for v1, whose
+    notes stay as they were)."""
+    a = record.get("verdict_analysis")
+    if not isinstance(a, Mapping):
+        return ""
+    if a.get("ratio") is None or a.get("ci_low") is None or a.get("ci_high") is None:
+        return f" (no interval: {a.get('reason')})"
+    return (f" (candidate/control {a['ratio']:.4f}, {100 * a.get('confidence', 0.95):.0f} % CI "
+            f"[{a['ci_low']:.4f}, {a['ci_high']:.4f}], leg-level t interval, df {a.get('df')})")
+
+
 def notes_text(facts: RecordFacts, out_sha: str | None) -> str:
     rec = facts.record
     plan_sha = rec.get("plan_sha256")
-    where = (f"leg {facts.leg}, the lower of the two candidate legs of ABBA experiment "
-             f"{rec.get('experiment')}; verdict {rec.get('verdict')}" if facts.form == "abba"
-             else f"leg {facts.leg} of a single-leg record")
+    n = len(facts.candidate_legs) or 2
+    which = "the lower of the two" if n == 2 else f"the lowest of the {n}"
+    blocks = f" ({facts.blocks} blocks)" if facts.blocks > 1 else ""
+    where = (f"leg {facts.leg}, {which} candidate legs of ABBA experiment "
+             f"{rec.get('experiment')}{blocks}; verdict {rec.get('verdict')}{_interval(rec)}"
+             if facts.form == "abba" else f"leg {facts.leg} of a single-leg record")
     parts = [
         f"tokrecord {__version__} sealed record, manifest sha256 {facts.manifest_sha256} "
         f"(plan sha256 {plan_sha}); check it with tokrecord verify.",
