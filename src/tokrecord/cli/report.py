@@ -8,6 +8,16 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from tokrecord.report import (
+    default_paths,
+    load_report,
+    print_report,
+    render_html,
+    render_markdown,
+    write_text,
+)
+from tokrecord.report.browser import screenshot as take_screenshot
+
 from . import _guard, app, err_console, out_console
 from .view import RichReportObserver
 
@@ -25,14 +35,6 @@ def write_report(
 ) -> tuple[Path, Path]:
     """Build the report of a sealed directory, write HTML and markdown beside it (never
     inside: it is sealed), print the summary and where the files are; their paths."""
-    from tokrecord.report import (
-        default_paths,
-        load_report,
-        print_report,
-        render_html,
-        render_markdown,
-        write_text,
-    )
 
     default_html, default_md = default_paths(directory)
     html_path, md_path = html or default_html, markdown or default_md
@@ -43,7 +45,6 @@ def write_report(
         write_text(html_path, page)
         write_text(md_path, render_markdown(data))
         if screenshot is not None:
-            from tokrecord.report.browser import screenshot as take_screenshot
 
             progress.report_step(f"full-page screenshot with headless Chromium → {screenshot}")
             take_screenshot(html_path, screenshot)

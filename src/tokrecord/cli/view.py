@@ -14,6 +14,14 @@ from rich.table import Table
 from tokrecord.experiment.leg import LegResult, RowRecord
 from tokrecord.probes import Snapshot
 from tokrecord.probes.idle import IdleCriteria, IdleResult
+from tokrecord.report import fmt as report_fmt
+from tokrecord.report.load import analysis_view, pair_names, power_view, record_design
+from tokrecord.report.text import (
+    interval_text,
+    noise_text,
+    power_text,
+    record_interval_text,
+)
 from tokrecord.server.process import CleanupReport, log_tail
 from tokrecord.suite import SuiteRow
 
@@ -280,7 +288,6 @@ def _pct(value: Any) -> str:
 
 
 def experiment_tables(record: dict[str, Any]) -> list[Table]:
-    from tokrecord.report.load import pair_names, record_design  # numpy: only when needed
 
     order = [item.split("-")[0] for item in record["protocol"]["order"]]
     legs = [name for name in order if name in record["runs"]]
@@ -362,14 +369,6 @@ def experiment_tables(record: dict[str, Any]) -> list[Table]:
 def verdict_lines(record: dict[str, Any]) -> list[str]:
     """A v2 record's design, leg-level interval, its noise and the preregistered power, in
     the report's words (none for v1: its bootstrap line is printed as it always was)."""
-    from tokrecord.report import fmt as report_fmt
-    from tokrecord.report.load import analysis_view, power_view, record_design
-    from tokrecord.report.text import (
-        interval_text,
-        noise_text,
-        power_text,
-        record_interval_text,
-    )
 
     design, blocks = record_design(record)
     if design is None:

@@ -310,6 +310,7 @@ def run_leg(
         if config.telemetry.enabled:
             sampler = TelemetrySampler(run.file(layout.TELEMETRY), config.telemetry.interval_s,
                                        epoch_ns)
+            sampler.wait_first()
         obs.server_starting(argv, run.file(layout.SERVER_LOG))
         server.start()
         started = True

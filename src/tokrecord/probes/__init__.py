@@ -11,133 +11,40 @@ degrees C, percent.
 
 from __future__ import annotations
 
-import subprocess
-import time
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from .amd import detect_amd
+from .host import HostProbe
+from .model import (
+    SCHEMA_SNAPSHOT,
+    DeviceProbe,
+    DeviceProcess,
+    DeviceSample,
+    HostProcess,
+    HostReader,
+    HostSample,
+    ProbeError,
+    ProbeSet,
+    Snapshot,
+    run_tool,
+)
+from .nvidia import detect_nvidia
+from .xpu import detect_xpu
 
-SCHEMA_SNAPSHOT = "tokrecord.snapshot/v1"
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class DeviceProcess(_Frozen):
-    pid: int
-    name: str | None = None
-    mem_used_bytes: int | None = None
-
-
-class DeviceSample(_Frozen):
-    """One accelerator at one instant. None: the tool does not report it."""
-
-    backend: str  # nvml | nvidia-smi | xpu-smi | amd-smi | rocm-smi
-    index: int
-    name: str
-    util_pct: float | None = None
-    mem_used_bytes: int | None = None
-    mem_total_bytes: int | None = None
-    power_w: float | None = None
-    # A cumulative counter (NVML total energy, xpu-smi energy): exact energy over a
-    # window without integrating sampled power.
-    energy_j: float | None = None
-    sm_clock_mhz: float | None = None
-    temp_c: float | None = None
-    processes: tuple[DeviceProcess, ...] | None = None  # None: the tool cannot list them
-
-
-class HostProcess(_Frozen):
-    pid: int
-    name: str
-    cpu_pct: float  # of one core, over the interval since the previous snapshot
-
-
-class HostSample(_Frozen):
-    cpu_util_pct: float  # all cores, since the previous snapshot
-    cpu_count: int
-    load1: float
-    mem_used_bytes: int
-    mem_total_bytes: int
-    power_w: float | None = None  # RAPL package power, when readable
-    energy_j: float | None = None  # RAPL package energy counter (wraps; see host.py)
-    busy_processes: tuple[HostProcess, ...] = ()
-
-
-class Snapshot(_Frozen):
-    schema_id: str = Field(default=SCHEMA_SNAPSHOT, alias="schema")
-    t_unix: float
-    host: HostSample
-    devices: tuple[DeviceSample, ...] = ()
-
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
-
-
-class ProbeError(Exception):
-    """A probe that was found but could not be read this time."""
-
-
-def run_tool(argv: Sequence[str], timeout: float = 15.0) -> str:
-    """A vendor tool's stdout; any failure (missing, hung, non-zero) as a ProbeError
-    that quotes what the tool said."""
-    name = Path(argv[0]).name
-    try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ProbeError(f"{name} failed: {exc}") from exc
-    if done.returncode != 0:
-        said = (done.stderr or done.stdout).strip()[:200]
-        raise ProbeError(f"{name} {' '.join(argv[1:2])} exited {done.returncode}: {said}")
-    return done.stdout
-
-
-class DeviceProbe(Protocol):
-    """One accelerator backend."""
-
-    name: str
-
-    def read(self) -> list[DeviceSample]: ...
-
-    def close(self) -> None: ...
-
-
-class HostReader(Protocol):
-    def read(self) -> HostSample: ...
-
-
-class ProbeSet:
-    """The host probe plus every device probe found, read together."""
-
-    def __init__(self, host: HostReader, devices: Sequence[DeviceProbe] = (),
-                 notes: Sequence[str] = ()) -> None:
-        self.host = host
-        self.devices = list(devices)
-        self.notes = list(notes)
-
-    def snapshot(self) -> Snapshot:
-        samples: list[DeviceSample] = []
-        for probe in self.devices:
-            try:
-                samples.extend(probe.read())
-            except ProbeError as exc:
-                # A probe that worked at detection and fails now is worth knowing,
-                # once, not a crash in the middle of a leg.
-                note = f"{probe.name}: {exc}"
-                if note not in self.notes:
-                    self.notes.append(note)
-        return Snapshot(t_unix=time.time(), host=self.host.read(), devices=tuple(samples))
-
-    @property
-    def backends(self) -> list[str]:
-        return [p.name for p in self.devices]
-
-    def close(self) -> None:
-        for probe in self.devices:
-            probe.close()
-
+__all__ = [
+    "SCHEMA_SNAPSHOT",
+    "DeviceProbe",
+    "DeviceProcess",
+    "DeviceSample",
+    "HostProcess",
+    "HostReader",
+    "HostSample",
+    "ProbeError",
+    "ProbeSet",
+    "Snapshot",
+    "detect",
+    "run_tool",
+]
 
 def detect(*, exclude_pids: Sequence[int] = (), scan_processes: bool = True) -> ProbeSet:
     """Every backend that answers on this machine; the host probe always.
@@ -145,11 +52,6 @@ def detect(*, exclude_pids: Sequence[int] = (), scan_processes: bool = True) -> 
     A missing tool or library is a note, never an error: a CPU-only machine has
     no accelerator to probe, and says so.
     """
-    from .amd import detect_amd
-    from .host import HostProbe
-    from .nvidia import detect_nvidia
-    from .xpu import detect_xpu
-
     devices: list[DeviceProbe] = []
     notes: list[str] = []
     for finder in (detect_nvidia, detect_xpu, detect_amd):

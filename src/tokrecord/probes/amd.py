@@ -12,7 +12,7 @@ import re
 import shutil
 from typing import Any
 
-from . import DeviceSample, ProbeError, run_tool
+from .model import DeviceSample, ProbeError, run_tool
 
 _UNIT_BYTES = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3, "KIB": 1024, "MIB": 1024**2,
                "GIB": 1024**3}

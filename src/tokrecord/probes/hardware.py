@@ -9,7 +9,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from . import Snapshot
+from .model import Snapshot
 
 GB = 1e9  # leaderboards quote VRAM and RAM in decimal GB
 

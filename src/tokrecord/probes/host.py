@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from . import HostProcess, HostSample
+from .model import HostProcess, HostSample
 
 RAPL_ROOT = Path("/sys/class/powercap")
 # A process using at least this share of one core is "busy" and is named.

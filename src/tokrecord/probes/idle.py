@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tokrecord.errors import TokrecordError
 
-from . import Snapshot
+from .model import Snapshot
 
 MIB = 1024 * 1024
 

@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import DeviceProcess, DeviceSample, ProbeError, run_tool
+from .model import DeviceProcess, DeviceSample, ProbeError, run_tool
 
 QUERY_FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total",
                 "power.draw", "clocks.current.sm", "temperature.gpu")

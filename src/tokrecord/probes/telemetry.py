@@ -17,6 +17,7 @@ neither (then energy is null, and the notes say why).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -29,6 +30,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from tokrecord.evidence import canonical_json
+
+from . import detect
 
 SCHEMA_TELEMETRY: Final = "tokrecord.telemetry/v1"
 
@@ -226,10 +231,6 @@ def sample_line(snapshot: Any, epoch_ns: int, t_ns: int) -> dict[str, Any]:
 
 
 def _sampler_main(argv: list[str] | None = None) -> int:
-    from tokrecord.evidence import canonical_json
-
-    from . import detect
-
     parser = argparse.ArgumentParser(prog="python -m tokrecord.probes.telemetry")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--interval", type=float, required=True)
@@ -262,6 +263,9 @@ def _sampler_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+FIRST_SAMPLE_TIMEOUT_S: Final = 30.0
+
+
 class TelemetrySampler:
     """The sampler process of one leg."""
 
@@ -272,6 +276,18 @@ class TelemetrySampler:
              "--interval", str(interval_s), "--epoch-ns", str(epoch_ns)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
+
+    def wait_first(self, timeout_s: float = FIRST_SAMPLE_TIMEOUT_S) -> bool:
+        """Until the first sample is written (or the sampler died, or the timeout): a
+        server started before it would have a window with no sample at its start. Its
+        start-up (a Python process, NVML) takes 0.1-0.5 s, more on a busy machine."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self._proc.poll() is None:
+            with contextlib.suppress(OSError):
+                if self.out.stat().st_size > 0:
+                    return True
+            time.sleep(0.01)
+        return False
 
     @property
     def pid(self) -> int:

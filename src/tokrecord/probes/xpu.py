@@ -11,7 +11,7 @@ import json
 import shutil
 from typing import Any
 
-from . import DeviceSample, ProbeError, run_tool
+from .model import DeviceSample, ProbeError, run_tool
 
 MIB = 1024 * 1024
 

@@ -15,6 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from tokrecord.experiment.plan import abba_design, abba_pairs
+from tokrecord.experiment.stats import ANALYSIS_METHOD, abba_df, fit_legs, verdict
+
 REL_TOL = 1e-9
 _COUNT = re.compile(r"^(\d+)/(\d+)$")
 
@@ -188,7 +191,6 @@ def _block_of(name: str) -> int:
 def _lint_design(lint: _Linter, runs: Mapping[str, Any], blocks: int, design: str) -> None:
     """The legs, their order, their treatments and the pairs are the design's, whatever
     the number of blocks."""
-    from tokrecord.experiment.plan import abba_design, abba_pairs
 
     names = [leg.name for leg in abba_design(blocks)]
     span = f"{blocks} block{'s' if blocks != 1 else ''}: {' '.join(names)}"
@@ -229,7 +231,6 @@ def _lint_design(lint: _Linter, runs: Mapping[str, Any], blocks: int, design: st
 
 
 def _lint_pairs(lint: _Linter, runs: Mapping[str, Any], blocks: int) -> None:
-    from tokrecord.experiment.plan import abba_pairs
 
     criteria = lint.get("criteria") or {}
     pairs = lint.get("pair_results") or {}
@@ -270,7 +271,6 @@ def _lint_pairs(lint: _Linter, runs: Mapping[str, Any], blocks: int) -> None:
 
 def _lint_gate(lint: _Linter, runs: Mapping[str, Any], blocks: int, design: str) -> None:
     """The record gate over every candidate (B) and control (A) leg of every block."""
-    from tokrecord.experiment.plan import abba_design
 
     pairs = lint.get("pair_results") or {}
     names = [leg.name for leg in abba_design(blocks) if isinstance(runs.get(leg.name), Mapping)]
@@ -346,7 +346,6 @@ def _lint_bootstrap(lint: _Linter) -> None:
         if None not in (lo, mid, hi) and not (lo <= mid <= hi):  # type: ignore[operator]
             lint.problems.append(LintProblem(field="bootstrap", message="ratio outside its CI",
                                              found=[lo, mid, hi]))
-        from tokrecord.experiment.stats import verdict
 
         if lo is not None and hi is not None and _num(boot.get("equivalence_pct")) is not None:
             lint.equal("verdict", verdict(lo, hi, float(boot["equivalence_pct"])).value,
@@ -361,7 +360,6 @@ RECOMPUTED_TOL = 1e-6
 def _lint_analysis(lint: _Linter, runs: Mapping[str, Any], blocks: int) -> None:
     """v2's leg-level verdict: its interval holds its ratio, its verdict follows from the
     interval and the equivalence band, and it recomputes from the legs' figures."""
-    from tokrecord.experiment.stats import ANALYSIS_METHOD, verdict
 
     va = lint.get("verdict_analysis")
     if not isinstance(va, Mapping):
@@ -409,7 +407,6 @@ def _lint_record_interval(lint: _Linter, va: Mapping[str, Any], lo: float, mid: 
                           hi: float, eq: float | None) -> None:
     """The record gate's interval, at its higher confidence: it holds the ratio, holds the
     verdict's interval when its confidence is higher, and its verdict follows from it."""
-    from tokrecord.experiment.stats import verdict
 
     base = "verdict_analysis"
     r_lo, r_hi = _num(va.get("record_ci_low")), _num(va.get("record_ci_high"))
@@ -437,7 +434,6 @@ def _recompute_analysis(lint: _Linter, names: list[str], values: list[float | No
                         va: Mapping[str, Any]) -> None:
     from scipy import stats as sps
 
-    from tokrecord.experiment.stats import fit_legs
 
     conf = _num(va.get("confidence"))
     if conf is None or any(v is None for v in values):
@@ -468,7 +464,6 @@ def _recompute_analysis(lint: _Linter, names: list[str], values: list[float | No
 
 def _lint_power(lint: _Linter, blocks: int) -> None:
     """The preregistered power: for the design's blocks, its minimum effect among its entries."""
-    from tokrecord.experiment.stats import abba_df
 
     power = lint.get("power")
     if not isinstance(power, Mapping):

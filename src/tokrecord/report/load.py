@@ -25,7 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import read_json
+from tokrecord.evidence.seal import ADDENDUM_FILE_NAME, MANIFEST_NAME, SIGNATURE_NAME, addenda_dir
 from tokrecord.experiment.leg import LegResult, RowRecord, load_rows
+from tokrecord.record.verify import verify_dir
 
 from . import fmt
 from .model import (
@@ -656,7 +658,6 @@ def _attempts(record: Mapping[str, Any]) -> tuple[Attempt, ...]:
 
 
 def _seal_facts(directory: Path) -> list[Fact]:
-    from tokrecord.evidence.seal import MANIFEST_NAME, SIGNATURE_NAME
 
     facts = []
     manifest = _maybe_text(directory / MANIFEST_NAME)
@@ -753,7 +754,6 @@ def _identity_leg(directory: Path) -> tuple[Fact, ...]:
 
 
 def _addenda(directory: Path) -> tuple[Addendum, ...]:
-    from tokrecord.evidence.seal import ADDENDUM_FILE_NAME, addenda_dir
 
     root = addenda_dir(directory)
     if not root.is_dir():
@@ -775,7 +775,6 @@ def _addenda(directory: Path) -> tuple[Addendum, ...]:
 
 
 def verification(directory: Path) -> Verification:
-    from tokrecord.record.verify import verify_dir
 
     problems = verify_dir(directory)
     return Verification(

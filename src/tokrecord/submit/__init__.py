@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tokrecord.submit.facts import RecordFacts, SubmitError, load_facts
+from tokrecord.submit.localmaxxing import DEFAULT_URL, URL_ENV, LocalMaxxing
 from tokrecord.submit.target import ApiKey, PayloadOptions, Target, key_from_env
 
 __all__ = ["TARGETS", "ApiKey", "PayloadOptions", "RecordFacts", "SubmitError", "Target",
@@ -22,7 +23,6 @@ __all__ = ["TARGETS", "ApiKey", "PayloadOptions", "RecordFacts", "SubmitError", 
 def _localmaxxing(url: str | None) -> Target:
     import os
 
-    from tokrecord.submit.localmaxxing import DEFAULT_URL, URL_ENV, LocalMaxxing
 
     return LocalMaxxing(url or os.environ.get(URL_ENV) or DEFAULT_URL)
 

@@ -29,6 +29,7 @@ from tokrecord.evidence import canonical_json, read_json
 from tokrecord.evidence.seal import MANIFEST_NAME, Problem
 from tokrecord.identity import sha256_file
 from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
+from tokrecord.record.verify import verify_dir
 
 EXPERIMENT_SCHEMAS = (SCHEMA_ABBA, SCHEMA_ABBA_V1)  # v1: one block, made before v2; still submitted
 
@@ -261,7 +262,6 @@ Verifier = Callable[[Path], list[Problem]]
 
 
 def verify_record(directory: Path) -> list[Problem]:
-    from tokrecord.record.verify import verify_dir
 
     return verify_dir(directory)
 
