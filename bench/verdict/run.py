@@ -141,9 +141,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="for the planner's recommended design (default 4000)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--no-e2e", action="store_true", help="skip the fake-server experiments")
+    parser.add_argument("--e2e-only", action="store_true", help="only the fake-server experiments")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args(argv)
     t0 = time.monotonic()
+    if args.e2e_only:
+        from bench.verdict.e2e import run_both
+
+        with tempfile.TemporaryDirectory(prefix="tokrecord-verdict-") as tmp:
+            run_both(Path(tmp), console)
+        return 0
     results = simulate(args.trials, args.workers)
     worst = print_grid(results, args.trials)
     target = target_power(args.target_trials)
