@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.record.lint import lint_record
 
-SEEDS = Path(__file__).parent / "fixtures" / "seeds"
+SEEDS = FIXTURES_DIR / "seeds"
 
 
 def seed(name: str) -> dict[str, Any]:
@@ -101,7 +102,7 @@ def test_not_a_record() -> None:
 
 # --------------------------------------------------------------------------- v2 and v1 records
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = FIXTURES_DIR
 V2 = FIXTURES / "report" / "v2-blocks2"  # ABBA over 2 blocks, FASTER, a preregistered power
 AA = FIXTURES / "report" / "v2-aa"  # A/A over one block
 V1 = FIXTURES / "v1-record" / "abba"

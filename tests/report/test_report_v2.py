@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from test_report import golden
+from golden_support import golden
+from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.cli.view import print_experiment, verdict_lines
 from tokrecord.experiment.plan import abba_design
 from tokrecord.report import load_report, render_html, render_markdown, render_terminal
@@ -29,7 +30,7 @@ from tokrecord.report.model import ReportData
 from tokrecord.report.svg import tick_label
 from tokrecord.report.text import record_text, v2_lines, verdict_text
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = FIXTURES_DIR
 V2 = FIXTURES / "report" / "v2-blocks2"
 AA = FIXTURES / "report" / "v2-aa"
 V1 = FIXTURES / "v1-record" / "abba"

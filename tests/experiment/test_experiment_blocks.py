@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from test_experiment_fake import events, plan_toml, write_plan
+from paths import FIXTURES as FIXTURES_DIR
+from plan_support import events, plan_toml, write_plan
 from tokrecord.experiment.runner import (
     NullExperimentObserver,
     run_experiment,
@@ -27,7 +28,7 @@ from tokrecord.record.verify import verify_dir
 from tokrecord.server.fake import config_from_args, leg_speed_factor
 from tokrecord.suite import SuiteRow
 
-V1 = Path(__file__).parent / "fixtures" / "v1-record" / "abba"
+V1 = FIXTURES_DIR / "v1-record" / "abba"
 EIGHT = ["A1", "B1", "B2", "A2", "B3", "A3", "A4", "B4"]
 POWERED = """min_effect_pct = 3
 blocks = 2

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.errors import ConfigError
 from tokrecord.experiment.plan import abba_design
 from tokrecord.experiment.power import noise_from_record
@@ -27,7 +27,7 @@ from tokrecord.experiment.stats import (
 )
 
 SEED = json.loads(
-    (Path(__file__).parent / "fixtures" / "seeds" / "abba-experiment-record.json").read_text())
+    (FIXTURES_DIR / "seeds" / "abba-experiment-record.json").read_text())
 T_975_2 = 4.302652729749464  # t(0.975, 2 df)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.client import Endpoint
 from tokrecord.errors import ConfigError
 from tokrecord.experiment.plan import SCHEMA_PLAN, Design, Plan, load_plan
@@ -245,7 +246,7 @@ def test_plan_sealed_before_idle_gates_keeps_its_hash() -> None:
 
     from tokrecord.probes.idle import IdleCriteria
 
-    fixture = Path(__file__).parent / "fixtures" / "legacy-plan"
+    fixture = FIXTURES_DIR / "legacy-plan"
     plan = Plan.model_validate(json.loads((fixture / "plan.json").read_text()))
     registered = (fixture / "plan.sha256").read_text().split()[0]
     assert plan.sha256 == registered

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.client import CountSource, RowTrace
 from tokrecord.errors import ConfigError
 from tokrecord.experiment.leg import RowRecord
@@ -41,24 +42,9 @@ from tokrecord.report.load import (
 from tokrecord.report.model import ReportData, Verification
 from tokrecord.report.svg import log_ticks, nice_range, nice_ticks
 
-FIXTURES = Path(__file__).parent / "fixtures" / "report"
+FIXTURES = FIXTURES_DIR / "report"
 DEMO = FIXTURES / "demo"
-GOLDEN = FIXTURES / "golden"
-UPDATE = os.environ.get("TOKRECORD_UPDATE_GOLDEN") == "1"
-
-
-def golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if UPDATE:
-        old = path.read_text(encoding="utf-8") if path.exists() else None
-        if old != text:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-            pytest.fail(f"golden {name} rewritten (TOKRECORD_UPDATE_GOLDEN=1); run again without it")
-        return
-    assert path.exists(), f"no golden {path}; create it with TOKRECORD_UPDATE_GOLDEN=1"
-    expected = path.read_text(encoding="utf-8")
-    assert text == expected, f"{name} differs from its golden (TOKRECORD_UPDATE_GOLDEN=1 rewrites it)"
+from golden_support import GOLDEN, UPDATE, golden  # noqa: F401
 
 
 @pytest.fixture(scope="module")

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
+from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.metrics import Chunk, Convention, engine_counters, parse_counters, row_metrics
 from tokrecord.metrics.engine import acceptance_rate, emitted_per_cycle
 from tokrecord.metrics.rows import conventional_from_legacy, legacy_from_conventional, summarize
 
 MS = 1_000_000
-SEEDS = Path(__file__).parent / "fixtures" / "seeds"
+SEEDS = FIXTURES_DIR / "seeds"
 
 
 def one_per_chunk(n: int, first_ms: float, gap_ms: float) -> list[Chunk]:

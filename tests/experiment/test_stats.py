@@ -6,11 +6,11 @@ Expected values are computed by hand or taken from seeds/abba-experiment-record.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.experiment.plan import Criteria, VerdictSpec
 from tokrecord.experiment.stats import (
     BootstrapResult,
@@ -25,7 +25,7 @@ from tokrecord.experiment.stats import (
 )
 
 SEED = json.loads(
-    (Path(__file__).parent / "fixtures" / "seeds" / "abba-experiment-record.json").read_text()
+    (FIXTURES_DIR / "seeds" / "abba-experiment-record.json").read_text()
 )
 RUNS = SEED["runs"]
 REL = 1e-12

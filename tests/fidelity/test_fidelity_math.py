@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the bench lives beside src/
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench lives beside src/
 
 from bench.fidelity.truth import (
     Aggregate,

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.experiment.plan import parse_plan
 from tokrecord.experiment.runner import run_experiment
 from tokrecord.record.build import build_record, finish
@@ -28,7 +29,7 @@ from tokrecord.report import load_report, render_html
 from tokrecord.report.browser import Browser, find_chromium
 from tokrecord.report.html import SECTIONS
 
-DEMO = Path(__file__).parent / "fixtures" / "report" / "demo"
+DEMO = FIXTURES_DIR / "report" / "demo"
 FAKE = [sys.executable, "-m", "tokrecord.server.fake", "--host", "{host}", "--port", "{port}",
         "--model", "{model}", "--ttft-ms", "5"]
 SECTION_IDS = [sid for sid, _ in SECTIONS]

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.record import SCHEMA_ABBA
 from tokrecord.submit import contract
 from tokrecord.submit.facts import RecordFacts, SubmitError, median_low
@@ -304,7 +305,7 @@ def test_compare_field_by_field() -> None:
 
 # ------------------------------------------------------------ v2: every block, A/A, v1
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = FIXTURES_DIR
 V2 = FIXTURES / "report" / "v2-blocks2"  # ABBA over 2 blocks: candidate legs B1 B2 B3 B4
 AA = FIXTURES / "report" / "v2-aa"
 V1 = FIXTURES / "v1-record" / "abba"

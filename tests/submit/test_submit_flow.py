@@ -25,7 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
-from test_experiment_fake import MAX_TOKENS, TOPICS, plan_toml, suite_jsonl, write_plan
+from paths import FIXTURES as FIXTURES_DIR
+from plan_support import MAX_TOKENS, TOPICS, plan_toml, suite_jsonl, write_plan
 from tokrecord.evidence import canonical_json, read_jsonl
 from tokrecord.evidence.seal import verify_seal
 from tokrecord.experiment.runner import run_experiment
@@ -455,7 +456,7 @@ def test_cli_dry_run_send_check_and_the_key_is_in_no_file(
 
 # ------------------------------------------------------------ k blocks, A/A, v1 records
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = FIXTURES_DIR
 
 
 @pytest.fixture(scope="module")

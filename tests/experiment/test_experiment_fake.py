@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,10 +22,18 @@ from typing import Any
 import psutil
 import pytest
 
-from probes_support import FAST_IDLE_TOML
+from plan_support import (
+    CLI,
+    CLI_ENV,
+    LEGS,
+    MAX_TOKENS,
+    events,
+    plan_toml,
+    write_plan,
+)
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import read_jsonl
-from tokrecord.experiment.plan import Plan, load_plan
+from tokrecord.experiment.plan import Plan
 from tokrecord.experiment.runner import (
     NullExperimentObserver,
     preregister,
@@ -34,57 +41,6 @@ from tokrecord.experiment.runner import (
 )
 from tokrecord.experiment.stats import pct_delta
 from tokrecord.record.build import build_record, finish
-
-PY = sys.executable
-FAKE_ARGV = [PY, "-m", "tokrecord.server.fake", "--host", "{host}", "--port", "{port}",
-             "--model", "{model}"]
-CLI = [PY, "-m", "tokrecord"]
-CLI_ENV = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TERM": "dumb"}
-LEGS = ["A1", "B1", "B2", "A2"]
-
-
-SUITE_ROWS = 5
-MAX_TOKENS = 150
-TOPICS = ("a least-recently-used cache with expiry", "binary search over rotated arrays",
-          "merging overlapping calendar intervals", "a token bucket rate limiter",
-          "streaming median of integers")
-
-
-def suite_jsonl() -> str:
-    return "".join(
-        json.dumps({"id": f"row-{i}", "prompt": f"Write Python code for {topic}, then explain "
-                    f"its complexity (case {i}).", "max_tokens": MAX_TOKENS}) + "\n"
-        for i, topic in enumerate(TOPICS))
-
-
-def plan_toml(name: str, *, design: str = "abba", control: float | None = 1000,
-              candidate: float = 1050, rows: int = SUITE_ROWS, idle: float = 0.5,
-              teacher: str | None = "capture", prior: str = "", extra: str = "") -> str:
-    lines = [f'name = "{name}"', f'design = "{design}"', 'suite = "suite.jsonl"',
-             f"suite_rows = {rows}", f"idle_gap_s = {idle}"]
-    if teacher is not None:
-        lines.append(f'teacher = "{teacher}"')
-    lines += [extra, FAST_IDLE_TOML, "[server]", f"argv = {json.dumps(FAKE_ARGV)}",
-              'model = "fake-model"',
-              "ready_timeout_s = 30", "stop_grace_s = 3"]
-    if control is not None:
-        lines += ["[arms.control]", f'env = {{ TOKRECORD_FAKE_TOK_S = "{control:g}" }}']
-    lines += ["[arms.candidate]", f'env = {{ TOKRECORD_FAKE_TOK_S = "{candidate:g}" }}']
-    if prior:
-        lines += ["[prior]", prior]
-    return "\n".join(lines) + "\n"
-
-
-def write_plan(directory: Path, text: str) -> tuple[Path, Plan]:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "suite.jsonl").write_text(suite_jsonl())
-    path = directory / "plan.toml"
-    path.write_text(text)
-    return path, load_plan(path)
-
-
-def events(exp: Path) -> list[dict[str, Any]]:
-    return read_jsonl(exp / "experiment.jsonl")
 
 
 def leg_events(exp: Path, kind: str, leg: str | None = None) -> list[dict[str, Any]]:

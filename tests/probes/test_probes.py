@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.experiment.leg import LegConfig, ServerSpec, run_leg
 from tokrecord.probes import DeviceSample, HostSample, ProbeSet, Snapshot
 from tokrecord.probes.amd import parse_amd_smi, parse_rocm_smi
@@ -28,7 +29,7 @@ from tokrecord.probes.telemetry import (
 from tokrecord.probes.xpu import parse_discovery, parse_stats
 from tokrecord.suite import Suite, parse_suite
 
-FIX = Path(__file__).parent / "fixtures"
+FIX = FIXTURES_DIR
 H200 = FIX / "nvidia-h200"
 MIB = 1024 * 1024
 BUSY_FIELDS = ("timestamp", "utilization.gpu", "utilization.memory", "power.draw", "clocks.sm",
