@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from golden_support import GOLDEN, UPDATE, golden  # noqa: F401
 from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.client import CountSource, RowTrace
 from tokrecord.errors import ConfigError
@@ -44,7 +45,6 @@ from tokrecord.report.svg import log_ticks, nice_range, nice_ticks
 
 FIXTURES = FIXTURES_DIR / "report"
 DEMO = FIXTURES / "demo"
-from golden_support import GOLDEN, UPDATE, golden  # noqa: F401
 
 
 @pytest.fixture(scope="module")
