@@ -17,7 +17,6 @@ version and the ``gguf``/``numpy`` versions, with a ``manifest.sha256`` beside i
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -37,6 +36,7 @@ from tokrecord.demo.model import (
     DEFAULT_CACHE_DIR,
     DEMO_MODEL_NAME,
     build_demo_model,
+    cache_main,
     model_manifest,
     verify_manifest,
     write_manifest,
@@ -283,19 +283,9 @@ def build_demo_gguf(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tokrecord.demo.gguf",
-        description="Build (or find in the cache) the demo Llama model as one GGUF file.",
-    )
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=DEFAULT_CACHE_DIR,
-        help=f"where model directories live (default: {DEFAULT_CACHE_DIR})",
-    )
-    args = parser.parse_args(argv)
-    print(build_demo_gguf(args.cache_dir))
-    return 0
+    return cache_main("python -m tokrecord.demo.gguf",
+                      "Build (or find in the cache) the demo Llama model as one GGUF file.",
+                      build_demo_gguf, argv)
 
 
 if __name__ == "__main__":

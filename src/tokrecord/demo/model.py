@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
@@ -381,11 +381,10 @@ def build_demo_model(cache_dir: Path) -> Path:
     return target
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tokrecord.demo.model",
-        description="Build (or find in the cache) the tiny deterministic demo Llama model.",
-    )
+def cache_main(prog: str, description: str, build: Callable[[Path], Path],
+               argv: Sequence[str] | None) -> int:
+    """`python -m ...`: build (or find in the cache) a model, print its path."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument(
         "--cache-dir",
         type=Path,
@@ -393,8 +392,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"where model directories live (default: {DEFAULT_CACHE_DIR})",
     )
     args = parser.parse_args(argv)
-    print(build_demo_model(args.cache_dir))
+    print(build(args.cache_dir))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cache_main("python -m tokrecord.demo.model",
+                      "Build (or find in the cache) the tiny deterministic demo Llama model.",
+                      build_demo_model, argv)
 
 
 if __name__ == "__main__":

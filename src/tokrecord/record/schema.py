@@ -331,24 +331,17 @@ class Reproducibility(_Section):
     source_rebuild_scope: str
 
 
-class ExperimentRecord(_Record):
-    """``tokrecord.experiment-record/v1``: one ABBA block (A1 B1 B2 A2), the paired-bootstrap
-    verdict; written before v2, still read and verified."""
+class _ExperimentCommon(_Record):
+    """The keys both experiment-record forms have."""
 
-    schema_id: Literal["tokrecord.experiment-record/v1"] = Field(alias="schema")
     experiment: str
     date: Date
     status: Literal["strict_preregistered_record_pass", "no_record"]
     plan_sha256: Sha256
     prior_approved_record: PriorApprovedRecord
-    treatment: Treatments
-    protocol: AbbaProtocol
-    runs: AbbaRuns
     attempts: list[Attempt]
-    pair_results: AbbaPairs
     quality: AbbaQuality
-    bootstrap: BootstrapResult | None
-    verdict: Verdict  # UNDECIDED when no bootstrap could be computed
+    verdict: Verdict
     record_gate: RecordGate
     metric_accounting: HeadlineAccounting
     log_facts: dict[str, list[LogFact]]
@@ -358,6 +351,18 @@ class ExperimentRecord(_Record):
     hardware: Hardware | None
     artifacts: AbbaArtifacts
     submission: Empty
+
+
+class ExperimentRecord(_ExperimentCommon):
+    """``tokrecord.experiment-record/v1``: one ABBA block (A1 B1 B2 A2), the paired-bootstrap
+    verdict; written before v2, still read and verified."""
+
+    schema_id: Literal["tokrecord.experiment-record/v1"] = Field(alias="schema")
+    treatment: Treatments
+    protocol: AbbaProtocol
+    runs: AbbaRuns
+    pair_results: AbbaPairs
+    bootstrap: BootstrapResult | None  # the verdict is UNDECIDED when none could be computed
 
 
 # -- tokrecord.experiment-record/v2 -------------------------------------------------------
@@ -372,34 +377,17 @@ class AbbaProtocolV2(AbbaProtocol):
     pairs: list[PairName]
 
 
-class ExperimentRecordV2(_Record):
+class ExperimentRecordV2(_ExperimentCommon):
     """``tokrecord.experiment-record/v2``: ABBA (or A/A) over k blocks, with the leg-level
     verdict (``verdict_analysis``) and the preregistered power."""
 
     schema_id: Literal["tokrecord.experiment-record/v2"] = Field(alias="schema")
-    experiment: str
-    date: Date
-    status: Literal["strict_preregistered_record_pass", "no_record"]
-    plan_sha256: Sha256
-    prior_approved_record: PriorApprovedRecord
     treatment: dict[ArmName, Arm]
     protocol: AbbaProtocolV2
     runs: dict[AnyLegName, LegBlock]
-    attempts: list[Attempt]
     pair_results: dict[PairName, PairResult]
-    quality: AbbaQuality
     verdict_analysis: VerdictAnalysis | None
-    verdict: Verdict
     power: PowerReport | None  # when the plan declared min_effect_pct
-    record_gate: RecordGate
-    metric_accounting: HeadlineAccounting
-    log_facts: dict[str, list[LogFact]]
-    operational: Operational
-    reproducibility: Reproducibility
-    source: Source
-    hardware: Hardware | None
-    artifacts: AbbaArtifacts
-    submission: Empty
 
 
 # -- tokrecord.single-leg-record/v1 -------------------------------------------------------
