@@ -32,14 +32,14 @@ from tokrecord.report import (
     render_terminal,
     write_text,
 )
-from tokrecord.report.html import SECTIONS
-from tokrecord.report.load import (
+from tokrecord.report.derive import (
     accepted_per_position,
     chunk_sizes,
     interval_stats,
     telemetry_view,
     timeline,
 )
+from tokrecord.report.html import SECTIONS
 from tokrecord.report.model import ReportData, Verification
 from tokrecord.report.svg import log_ticks, nice_range, nice_ticks
 

