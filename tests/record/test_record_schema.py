@@ -265,3 +265,14 @@ def test_not_json_is_refused(single: tuple[dict[str, Any], dict[str, Any]]) -> N
     _, written = single
     with pytest.raises(ConfigError, match="not a JSON document"):
         validate_record(_broken(written, "summary.tok_s_out", float("nan")))
+
+
+def test_the_schema_names_the_layouts_evidence_files() -> None:
+    """The record's evidence names are a type in the schema and a tuple in the layout: the
+    same names, in the same order."""
+    from typing import get_args
+
+    from tokrecord.evidence import layout
+    from tokrecord.record.schema import EvidenceName
+
+    assert get_args(EvidenceName) == layout.EVIDENCE_FILES
