@@ -19,10 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -35,11 +31,11 @@ import safetensors.numpy
 from tokrecord.demo.model import (
     DEFAULT_CACHE_DIR,
     DEMO_MODEL_NAME,
+    build_atomically,
     build_demo_model,
     cache_main,
     model_manifest,
     verify_manifest,
-    write_manifest,
 )
 
 # Bump when the converter's output changes for reasons the hash inputs do not capture (keys
@@ -257,28 +253,7 @@ def build_demo_gguf(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
     if _is_complete(target):
         return target / GGUF_FILE_NAME
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=cache_dir))
-    try:
-        write_gguf(model_dir, tmp / GGUF_FILE_NAME)
-        write_manifest(tmp)
-        # mkdtemp makes the dir 0700; an engine running as another user must be able to read it.
-        tmp.chmod(0o755)
-        for path in tmp.iterdir():
-            path.chmod(0o644)
-        if target.exists() or target.is_symlink():
-            stale = cache_dir / f".{target.name}.stale-{uuid.uuid4().hex}"
-            os.replace(target, stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            # Another process finished the same build first; its copy is as good as ours.
-            if _is_complete(target):
-                return target / GGUF_FILE_NAME
-            raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    build_atomically(target, lambda tmp: write_gguf(model_dir, tmp / GGUF_FILE_NAME))
     return target / GGUF_FILE_NAME
 
 

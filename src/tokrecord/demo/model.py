@@ -354,9 +354,16 @@ def build_demo_model(cache_dir: Path) -> Path:
     if _is_complete(target):
         return target
 
+    return build_atomically(target, _write_model_files)
+
+
+def build_atomically(target: Path, write: Callable[[Path], None]) -> Path:
+    """Build a cache directory in a temporary sibling, add its manifest and rename it into
+    place, so readers never see a half-written one; a damaged copy is replaced."""
+    cache_dir = target.parent
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=cache_dir))
     try:
-        _write_model_files(tmp)
+        write(tmp)
         write_manifest(tmp)
         # mkdtemp makes the dir 0700 and safetensors writes 0600; give the served model ordinary
         # permissions so an engine running as another user can read it.
