@@ -126,6 +126,10 @@ def test_interrupt_stops_server_and_keeps_run_dir(tmp_path: Path) -> None:
              "--out", str(out), *FAST_IDLE_ARGS],
             stdout=subprocess.DEVNULL, stderr=stderr,
             env=cli_env(),
+            # A shell starts background jobs with SIGINT ignored, and an ignored signal stays
+            # ignored across exec (Python then installs no KeyboardInterrupt handler): give
+            # the CLI the disposition a terminal would, however this test was launched.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         _wait_for(out / "events.jsonl", '"kind":"chunk"')
         server_pids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
