@@ -12,10 +12,13 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from paths import FIXTURES as FIXTURES_DIR
 from plan_support import events, plan_toml, write_plan
+from tokrecord.errors import ConfigError
+from tokrecord.experiment.plan import Plan
 from tokrecord.experiment.runner import (
     NullExperimentObserver,
     run_experiment,
@@ -24,7 +27,7 @@ from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1
 from tokrecord.record.build import build_record, finish
 from tokrecord.record.lint import lint_record
 from tokrecord.record.schema import ExperimentRecord, ExperimentRecordV2, validate_record
-from tokrecord.record.verify import verify_dir
+from tokrecord.record.verify import verify_dir, verify_leg
 from tokrecord.server.fake import config_from_args, leg_speed_factor
 from tokrecord.suite import SuiteRow
 
@@ -150,11 +153,9 @@ def test_a_v1_record_still_verifies_and_lints(tmp_path: Path) -> None:
 def test_a_v1_record_is_recomputed_by_the_v1_verdict(tmp_path: Path) -> None:
     """Recomputed as v2, the same legs would give another verdict section: verify must
     read the record's schema, not assume the newest."""
-    from tokrecord.experiment.plan import Plan
 
     plan = Plan.model_validate(json.loads((V1 / "plan.json").read_text()))
     record = json.loads((V1 / "record.json").read_text())
-    from tokrecord.record.verify import verify_leg
 
     results = {}
     for name, _ in plan.legs:
@@ -176,7 +177,6 @@ def test_leg_jitter_is_seeded_by_leg_name() -> None:
     assert a1 != leg_speed_factor(1.0, 6, "A1")
     assert leg_speed_factor(0.0, 5, "A1") == 1.0
     factors = [leg_speed_factor(2.0, 1, f"L{i}") for i in range(2000)]
-    import numpy as np
 
     logs = np.log(factors)
     assert abs(float(np.mean(logs))) < 0.002 and float(np.std(logs)) == pytest.approx(0.02,
@@ -189,7 +189,6 @@ def test_leg_jitter_scales_the_rate_and_is_validated() -> None:
                                "TOKRECORD_FAKE_LEG_JITTER_SEED": "5", "TOKRECORD_LEG": "B1"})
     assert config.speed_factor == leg_speed_factor(1.0, 5, "B1")
     assert config.tok_s == pytest.approx(1000 * config.speed_factor, rel=1e-12)
-    from tokrecord.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"leg_jitter_pct must be 0\.\.50"):
         config_from_args(["--port", "0", "--leg-jitter-pct", "80"], {})

@@ -9,12 +9,13 @@ import subprocess
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
 from probes_support import FAST_PLAN_SECTIONS
 from tokrecord.errors import ConfigError
+from tokrecord.evidence import layout
 from tokrecord.evidence.seal import load_or_create_key
 from tokrecord.experiment.plan import parse_plan
 from tokrecord.experiment.runner import run_experiment
@@ -23,6 +24,7 @@ from tokrecord.record.build import build_record, finish
 from tokrecord.record.schema import (
     SCHEMA_ID,
     SCHEMA_URL,
+    EvidenceName,
     ExperimentRecordV2,
     SingleLegRecord,
     record_json_schema,
@@ -270,9 +272,6 @@ def test_not_json_is_refused(single: tuple[dict[str, Any], dict[str, Any]]) -> N
 def test_the_schema_names_the_layouts_evidence_files() -> None:
     """The record's evidence names are a type in the schema and a tuple in the layout: the
     same names, in the same order."""
-    from typing import get_args
 
-    from tokrecord.evidence import layout
-    from tokrecord.record.schema import EvidenceName
 
     assert get_args(EvidenceName) == layout.EVIDENCE_FILES

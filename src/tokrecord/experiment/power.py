@@ -18,7 +18,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict
 
 from tokrecord.errors import ConfigError
-from tokrecord.experiment.plan import Design, Plan
+from tokrecord.experiment.plan import Design, Plan, abba_design
 from tokrecord.experiment.stats import (
     Noise,
     VerdictAnalysis,
@@ -98,13 +98,17 @@ def noise_from_record(record: Mapping[str, Any], source: str) -> Noise:
     runs = record.get("runs")
     if not isinstance(runs, Mapping) or len(runs) < 4:
         raise ConfigError(f"{source}: not an experiment record with ABBA legs (key 'runs')")
-    names = [n for n in runs if isinstance(runs[n], Mapping)]
-    heads = [runs[n].get("headline_tok_s") for n in names]
+    # The legs as the design names them: which block each is in, and which side.
+    design = abba_design(max(1, len(runs) // 4))
+    if sorted(runs) != sorted(leg.name for leg in design):
+        raise ConfigError(f"{source}: key 'runs': legs {', '.join(sorted(runs))} are not an "
+                          "ABBA design's")
+    heads = [runs[leg.name].get("headline_tok_s") if isinstance(runs[leg.name], Mapping)
+             else None for leg in design]
     if not all(isinstance(h, int | float) and h > 0 for h in heads):
         raise ConfigError(f"{source}: key 'runs.*.headline_tok_s': every leg needs a headline")
-    treated = [str(n).startswith("B") for n in names]
-    blocks = [(int(str(n)[1:]) + 1) // 2 for n in names]
-    fit = fit_legs([math.log(float(h)) for h in heads], blocks, treated)
+    fit = fit_legs([math.log(float(h)) for h in heads],  # type: ignore[arg-type]
+                   [leg.block for leg in design], [leg.treated for leg in design])
     if isinstance(fit, str):
         raise ConfigError(f"{source}: {fit}")
     _, _, df, s2 = fit
