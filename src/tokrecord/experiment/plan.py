@@ -16,7 +16,7 @@ from typing import Any, Final, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tokrecord.client import Endpoint
+from tokrecord.engines import Endpoint, EngineName, fill_endpoint
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import canonical_json
 from tokrecord.gates import GateConfig, LogRule
@@ -145,7 +145,9 @@ class Plan(_Strict):
     suite: str | None = None  # path (relative to the plan file) or None: built-in
     suite_rows: int | None = Field(default=None, ge=1)
     teacher: str | None = None  # path, "capture" (from the control arm, fresh server), or None
-    endpoint: Endpoint = Endpoint.COMPLETIONS
+    # None: inferred from server.argv (each leg's config.json says it was inferred).
+    engine: EngineName | None = None
+    endpoint: Endpoint = Endpoint.COMPLETIONS  # omitted: the engine's own default
     headline: Convention = Convention.CONVENTIONAL
     metric: str = "median_tok_s_1_100_after_ttft"
     idle_gap_s: float = Field(default=60.0, ge=0)
@@ -161,6 +163,12 @@ class Plan(_Strict):
     notes: str = ""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_endpoint(cls, data: Any) -> Any:
+        server = data.get("server") if isinstance(data, dict) else None
+        return fill_endpoint(data, server.get("argv") if isinstance(server, dict) else None)
 
     @model_validator(mode="after")
     def _arms_fit_design(self) -> Plan:
@@ -213,7 +221,7 @@ class Plan(_Strict):
 
 _LATER_DEFAULTS: Final[dict[str, Any]] = {"idle": IdleCriteria(), "telemetry": TelemetryConfig(),
                                            "blocks": 1, "min_effect_pct": None, "noise": None,
-                                           "record_confidence": 0.98}
+                                           "record_confidence": 0.98, "engine": None}
 _ADDED_LATER: Final = tuple(_LATER_DEFAULTS)
 
 

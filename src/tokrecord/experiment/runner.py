@@ -77,7 +77,7 @@ def leg_config(plan: Plan, suite: Suite, name: str, arm_name: ArmName, attempt: 
                           served_model=s.served_model, host=s.host,
                           ready_timeout_s=s.ready_timeout_s, stop_grace_s=s.stop_grace_s,
                           metrics_path=s.metrics_path),
-        suite=suite, endpoint=plan.endpoint, headline=plan.headline,
+        suite=suite, engine=plan.engine, endpoint=plan.endpoint, headline=plan.headline,
         request_extra=plan.request_extra,
         gates=plan.gates.model_copy(update={"log_rules": arm.log_rules}),
         plan_sha256=plan.sha256, attempt=attempt, idle=plan.idle, telemetry=plan.telemetry,

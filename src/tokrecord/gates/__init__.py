@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tokrecord.engines.vllm import VLLM_CACHED_HINT, VLLM_GENERATION_LINE, VLLM_METRICS
 from tokrecord.gates.teacher import Teacher, TeacherRow
 from tokrecord.probes.idle import IdleResult
 
@@ -229,7 +230,8 @@ def cross_leg_exact(legs: Mapping[str, Sequence[RowOutcome]]) -> GateResult:
 
 
 def cached_tokens_zero(
-    outcomes: Sequence[RowOutcome], prefix_hits: int | None, prefix_queries: int | None
+    outcomes: Sequence[RowOutcome], prefix_hits: int | None, prefix_queries: int | None,
+    hint: str = VLLM_CACHED_HINT,
 ) -> GateResult:
     name = "cached_tokens_zero"
     reported = [o for o in outcomes if o.cached_tokens is not None]
@@ -248,8 +250,7 @@ def cached_tokens_zero(
     if len(reported) < len(outcomes):
         return GateResult(
             name=name, status=GateStatus.NOT_TESTED, count=count, evidence=evidence,
-            reason=f"{len(outcomes) - len(reported)} rows carry no usage.prompt_tokens_details."
-            "cached_tokens (vLLM: start the server with --enable-prompt-tokens-details)")
+            reason=f"{len(outcomes) - len(reported)} rows carry no {hint}")
     if prefix_hits is None:
         return GateResult(name=name, status=GateStatus.NOT_TESTED, count=count, evidence=evidence,
                           reason="the server exposes no prefix-cache hit counter on /metrics")
@@ -369,7 +370,6 @@ def token_count_integrity(outcomes: Sequence[RowOutcome]) -> GateResult:
                       evidence={"problems": bad})
 
 
-_GENERATION_LINE = re.compile(r'"POST /v1/(?:chat/)?completions')
 
 
 def request_log_gates(
@@ -378,8 +378,12 @@ def request_log_gates(
     planned_rows: int,
     metrics_before: Mapping[str, float] | None,
     server_log: str,
+    generation_counters: Sequence[str] = VLLM_METRICS.generation,
+    generation_line: re.Pattern[str] | None = VLLM_GENERATION_LINE,
 ) -> list[GateResult]:
-    """Gates proved from the harness's own request log (and the server's, where it helps)."""
+    """Gates proved from the harness's own request log (and the server's, where it helps).
+    The engine names the counters that move on any generation and its log's line for
+    one generation request."""
     rows_requested = [int(r["row"]) for r in requests]
     hashes = [o.prompt_sha256 for o in outcomes]
     gates = []
@@ -406,14 +410,13 @@ def request_log_gates(
     if rows_requested and rows_requested[0] != 0:
         problems.append(f"the first request was row {rows_requested[0]}, not row 0")
     if metrics_before is not None:
-        served = {k: v for k, v in metrics_before.items() if k in (
-            "vllm:request_success_total", "vllm:generation_tokens_total")}
+        served = {k: v for k, v in metrics_before.items() if k in generation_counters}
         evidence["server_counters_before_suite"] = served
         if any(v > 0 for v in served.values()):
             problems.append(f"the server had generated before row 0: {served}")
-    logged = len(_GENERATION_LINE.findall(server_log))
+    logged = len(generation_line.findall(server_log)) if generation_line is not None else None
     evidence["generation_requests_in_server_log"] = logged
-    if logged > len(requests):
+    if logged is not None and logged > len(requests):
         problems.append(f"the server log shows {logged} generation requests, the harness sent "
                         f"{len(requests)}")
     gates.append(GateResult(

@@ -1,12 +1,14 @@
 """Engine counters from a Prometheus /metrics scrape, and their deltas over a suite.
 
-Names are vLLM's (v1 engine). Counters are summed over label sets (one per model
-or engine index), so a multi-engine server still yields one figure.
+Each engine names its counters differently; its adapter passes a `MetricNames`
+(vLLM's v1 names are the default). Counters are summed over label sets (one per
+model or engine index), so a multi-engine server still yields one figure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict
@@ -20,6 +22,29 @@ PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 
 COUNTERS = (SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED, PREFIX_HITS, PREFIX_QUERIES)
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """One engine's /metrics names for what tokrecord reads; None: not exposed."""
+
+    spec_drafts: str | None = None
+    spec_draft_tokens: str | None = None
+    spec_accepted: str | None = None
+    spec_accepted_per_position: str | None = None
+    prefix_hits: str | None = None
+    prefix_queries: str | None = None
+    # Counters that are non-zero once the server has generated anything (the
+    # no-warmup gate reads them before row 0).
+    generation: tuple[str, ...] = ()
+
+
+VLLM_METRICS = MetricNames(
+    spec_drafts=SPEC_DRAFTS, spec_draft_tokens=SPEC_DRAFT_TOKENS, spec_accepted=SPEC_ACCEPTED,
+    spec_accepted_per_position="vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    prefix_hits=PREFIX_HITS, prefix_queries=PREFIX_QUERIES,
+    generation=("vllm:request_success_total", "vllm:generation_tokens_total"),
+)
 
 
 def parse_counters(text: str) -> dict[str, float]:
@@ -59,8 +84,9 @@ class EngineCounters(SpeculativeCounters):
     prefix_cache_queries: int | None
 
 
-def _delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -> int | None:
-    if name not in after:
+def _delta(before: Mapping[str, float], after: Mapping[str, float],
+           name: str | None) -> int | None:
+    if name is None or name not in after:
         return None
     return round(after[name] - before.get(name, 0.0))
 
@@ -83,10 +109,11 @@ def engine_counters(
     before: Mapping[str, float],
     after: Mapping[str, float],
     decode_seconds_per_row: Sequence[float],
+    names: MetricNames = VLLM_METRICS,
 ) -> EngineCounters:
-    cycles = _delta(before, after, SPEC_DRAFTS)
-    drafts = _delta(before, after, SPEC_DRAFT_TOKENS)
-    accepted = _delta(before, after, SPEC_ACCEPTED)
+    cycles = _delta(before, after, names.spec_drafts)
+    drafts = _delta(before, after, names.spec_draft_tokens)
+    accepted = _delta(before, after, names.spec_accepted)
     return EngineCounters(
         draft_cycles=cycles,
         draft_tokens=drafts,
@@ -100,6 +127,6 @@ def engine_counters(
         aggregate_cycle_ms=(
             aggregate_cycle_ms(decode_seconds_per_row, cycles) if cycles else None
         ),
-        prefix_cache_hits=_delta(before, after, PREFIX_HITS),
-        prefix_cache_queries=_delta(before, after, PREFIX_QUERIES),
+        prefix_cache_hits=_delta(before, after, names.prefix_hits),
+        prefix_cache_queries=_delta(before, after, names.prefix_queries),
     )

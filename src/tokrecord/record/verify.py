@@ -142,7 +142,7 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
         i = int(stored["trace"]["row"])
         try:
             trace = replay_row([e for e in events if e.get("row") == i], config.suite.rows[i],
-                               config.endpoint)
+                               config.endpoint, config.adapter)
             records.append(RowRecord(trace=trace,
                                      metrics=row_metrics(trace.t_send_ns, trace.chunks)))
         except (TokrecordError, KeyError, ValueError, IndexError) as exc:

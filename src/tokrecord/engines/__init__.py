@@ -1,0 +1,84 @@
+"""Engine adapters: each engine's knowledge in its own module.
+
+`engine_for` gives the adapter for a name; `infer_engine` names the engine an
+argv starts when a plan does not say (the leg records that it was inferred).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .base import (
+    CountSource,
+    Endpoint,
+    Engine,
+    EngineName,
+    Limitation,
+    Parsed,
+    StreamParser,
+    argv_matches,
+)
+from .llamacpp import LlamaCppEngine
+from .openai import OpenAIEngine
+from .vllm import VllmEngine
+
+ENGINES: dict[EngineName, Engine] = {
+    e.name: e for e in (VllmEngine(), LlamaCppEngine(), OpenAIEngine())
+}
+# The packaged fake server says which engine it imitates with --dialect.
+_FAKE_MODULE = "tokrecord.server.fake"
+
+
+def engine_for(name: EngineName | str) -> Engine:
+    try:
+        return ENGINES[EngineName(name)]
+    except ValueError:
+        known = ", ".join(repr(str(n)) for n in ENGINES)
+        raise ValueError(f"unknown engine {name!r}; known engines: {known}") from None
+
+
+def fill_endpoint(data: Any, argv: Sequence[str] | None) -> Any:
+    """A plan or leg config without `endpoint` streams from its engine's default one.
+
+    Filled in before validation, so that an omitted key and the default spelled out
+    give the same object (and a vLLM plan the same hash as before engines existed)."""
+    if not isinstance(data, dict) or data.get("endpoint") is not None:
+        return data
+    name = data.get("engine")
+    if name is None and argv is None:
+        return data
+    try:
+        engine = engine_for(name) if name is not None else ENGINES[infer_engine(argv or ())]
+    except ValueError:
+        return data  # the model's own validation names the bad engine
+    return {**data, "endpoint": engine.default_endpoint().value}
+
+
+def infer_engine(argv: Sequence[str]) -> EngineName:
+    """The engine an argv starts: a known marker in it, else a generic OpenAI server."""
+    if _FAKE_MODULE in argv:
+        if "--dialect" in argv[:-1]:
+            return EngineName(argv[list(argv).index("--dialect") + 1])
+        return EngineName.VLLM
+    # Most specific first: a vLLM argv may name a llama-named model, not the reverse.
+    for name in (EngineName.VLLM, EngineName.SGLANG, EngineName.LLAMA_CPP):
+        engine = ENGINES.get(name)
+        if engine is not None and argv_matches(argv[:3], engine.argv_markers):
+            return name
+    return EngineName.OPENAI
+
+
+__all__ = [
+    "ENGINES",
+    "CountSource",
+    "Endpoint",
+    "Engine",
+    "EngineName",
+    "Limitation",
+    "Parsed",
+    "StreamParser",
+    "engine_for",
+    "fill_endpoint",
+    "infer_engine",
+]

@@ -1,0 +1,181 @@
+"""What every engine adapter provides, and the parts most of them share.
+
+An adapter holds one engine's knowledge: how to start it and tell that it is
+ready, the request dialect that makes the server count tokens per chunk, how to
+switch every cache off and prove it, its metric names, its version, and what it
+cannot report. Nothing here does I/O except `Engine.served_models`, which asks a
+running server through the client the caller passes in.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, NamedTuple, Protocol
+
+from tokrecord.errors import StreamError
+from tokrecord.metrics.engine import MetricNames
+from tokrecord.suite import SuiteRow
+
+DONE = "[DONE]"
+
+
+class EngineName(StrEnum):
+    VLLM = "vllm"
+    LLAMA_CPP = "llama.cpp"
+    SGLANG = "sglang"
+    OPENAI = "openai"
+
+
+class Endpoint(StrEnum):
+    """Which API a leg streams from. `native` is the engine's own generation API
+    (llama.cpp's /completion, SGLang's /generate); the other two are OpenAI's."""
+
+    COMPLETIONS = "completions"
+    CHAT = "chat"
+    NATIVE = "native"
+
+
+class CountSource(StrEnum):
+    """Where a chunk's token count came from; never from re-tokenized text."""
+
+    TOKEN_IDS = "token_ids"
+    USAGE = "usage"
+    LOGPROBS = "logprobs"
+    NONE = "none"
+
+
+class Parsed(NamedTuple):
+    n: int
+    ids: list[int] | None
+    text: str
+    finish: str | None
+
+
+class HttpGetter(Protocol):
+    """The one call `served_models` needs (an httpx.Client satisfies it)."""
+
+    def get(self, url: str) -> Any: ...
+
+
+@dataclass
+class StreamParser:
+    """Turns one row's decoded event payloads into counts, ids and text.
+
+    Subclasses implement `parse`; the state below is what the row's trace keeps.
+    `finished` is set by dialects whose stream ends with a final event rather than
+    OpenAI's `[DONE]` line."""
+
+    token_ids: list[int] = field(default_factory=list)
+    have_ids: bool = True
+    prompt_token_ids: list[int] | None = None
+    text: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    source: CountSource = CountSource.NONE
+    mismatches: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    finished: bool = False
+    # What the engine said about the request at its end (llama.cpp's timings,
+    # SGLang's meta_info): kept verbatim for the evidence, never computed on.
+    engine_timings: dict[str, Any] | None = None
+
+    def parse(self, obj: dict[str, Any]) -> Parsed:
+        raise NotImplementedError
+
+    def _take(self, n: int, ids: list[int] | None, source: CountSource, text: str,
+              finish: str | None) -> Parsed:
+        """Book one chunk's tokens (the count source is the first chunk's)."""
+        if n > 0:
+            if self.source is CountSource.NONE:
+                self.source = source
+            if ids is not None and len(ids) == n:
+                self.token_ids.extend(ids)
+            else:
+                self.have_ids = False
+        if finish is not None:
+            self.finish_reason = finish
+        self.text.append(text)
+        return Parsed(n, ids, text, finish)
+
+
+def no_count_error(missing: str, hint: str) -> StreamError:
+    return StreamError(
+        f"the server reports no token count per chunk ({missing}); tokrecord never "
+        f"re-tokenizes text — enable one of them ({hint})"
+    )
+
+
+def error_event(obj: Mapping[str, Any]) -> None:
+    """An `{"error": ...}` event is the server's own failure report."""
+    if "error" in obj and "choices" not in obj:
+        err = obj["error"]
+        message = err.get("message", err) if isinstance(err, dict) else err
+        raise StreamError(f"server sent an error event: {message}")
+
+
+@dataclass(frozen=True)
+class Limitation:
+    """A gate the engine cannot support: it reads "not tested" with this reason."""
+
+    gate: str
+    reason: str
+
+
+class Engine:
+    """One engine's knowledge. Subclasses override what differs from the defaults."""
+
+    name: EngineName
+    # Paths polled, in order, until each answers 200; the last one lists the served
+    # models when `models_path` is true.
+    ready_paths: tuple[str, ...] = ("/health", "/v1/models")
+    models_listed: bool = True
+    metrics: MetricNames = MetricNames()
+    # Arguments that switch every cache off, appended where the user's argv lacks them.
+    no_cache_args: tuple[str, ...] = ()
+    # One connection per row: the server closes each streamed response's socket.
+    close_after_stream: bool = False
+    limitations: tuple[Limitation, ...] = ()
+    # What a row lacks when it reports no cached prompt tokens (the gate's reason).
+    cached_tokens_hint: str = "usage.prompt_tokens_details.cached_tokens"
+    # One line per generation request in the server's log (the no-warmup gate counts
+    # them); None: the log does not show requests.
+    generation_line: re.Pattern[str] | None = None
+    # Python distributions whose versions identify the engine (from its interpreter).
+    packages: tuple[str, ...] = ()
+    # Substrings of an argv that name this engine (for inference when a plan omits it).
+    argv_markers: tuple[str, ...] = ()
+
+    def path(self, endpoint: Endpoint) -> str:
+        if endpoint is Endpoint.CHAT:
+            return "/v1/chat/completions"
+        if endpoint is Endpoint.COMPLETIONS:
+            return "/v1/completions"
+        raise StreamError(f"{self.name}: has no native generation API; use completions or chat")
+
+    def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
+                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def parser(self, endpoint: Endpoint) -> StreamParser:
+        raise NotImplementedError
+
+    def default_endpoint(self) -> Endpoint:
+        return Endpoint.COMPLETIONS
+
+    def limitation(self, gate: str) -> str | None:
+        return next((x.reason for x in self.limitations if x.gate == gate), None)
+
+    def served_models(self, payload: Any) -> set[str] | None:
+        """The model ids in the last ready path's answer (OpenAI's /v1/models form)."""
+        if not isinstance(payload, dict):
+            return None
+        return {str(m.get("id")) for m in payload.get("data", []) if isinstance(m, dict)}
+
+
+def argv_matches(argv: Sequence[str], markers: Sequence[str]) -> bool:
+    joined = " ".join(argv).lower()
+    return any(m in joined for m in markers)

