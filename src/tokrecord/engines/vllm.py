@@ -29,6 +29,7 @@ class VllmEngine(Engine):
     argv_markers = ("vllm",)
     cached_tokens_hint = VLLM_CACHED_HINT
     generation_line = VLLM_GENERATION_LINE
+    version_path = "/version"
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

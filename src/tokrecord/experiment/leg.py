@@ -187,6 +187,9 @@ class LegResult(BaseModel):
     valid: bool = False
     invalid_reasons: tuple[str, ...] = ()
     run_dir: str
+    # Which engine served the leg, and what the running server said of its version.
+    engine_name: EngineName | None = None
+    engine_version: dict[str, str] | None = None
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -351,6 +354,7 @@ def run_leg(
                                        on_poll=obs.server_waiting, engine=config.adapter)
         obs.server_ready(st.ready_s)
         with make_http(server.base_url, config.request_timeout_s) as http:
+            st.version = _engine_version(http, config.adapter)
             _stream_suite(http, run, config, events, obs, epoch_ns, st)
         st.status = "complete"
     except KeyboardInterrupt:
@@ -399,6 +403,7 @@ class _LegState:
     error: str | None = None
     cleanup: CleanupReport | None = None
     sampler_problem: str | None = None
+    version: dict[str, str] | None = None
     idle: dict[str, IdleResult | None] = field(
         default_factory=lambda: {"before": None, "after": None})
 
@@ -439,6 +444,17 @@ def _stream_suite(http: httpx.Client, run: RunDir, config: LegConfig, events: Js
         st.after = parse_counters(text)
 
 
+def _engine_version(http: httpx.Client, engine: Engine) -> dict[str, str] | None:
+    """What the server says of its version (None: it has no such path, or no answer)."""
+    if engine.version_path is None:
+        return None
+    try:
+        resp = http.get(engine.version_path)
+        return engine.version_facts(resp.json()) if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
 def _write_results(run: RunDir, config: LegConfig, st: _LegState,
                    teacher: Teacher | None) -> LegResult:
     records, cleanup, idle = st.records, st.cleanup, st.idle
@@ -477,7 +493,7 @@ def _write_results(run: RunDir, config: LegConfig, st: _LegState,
         plan_sha256=config.plan_sha256, attempt=config.attempt,
         idle_before=idle.get("before"), idle_after=idle.get("after"), telemetry=telemetry,
         gates=tuple(gates), valid=valid, invalid_reasons=tuple(invalid),
-        run_dir=str(run.path),
+        run_dir=str(run.path), engine_name=config.engine_name, engine_version=st.version,
     )
     run.write_json(layout.GATES, {"schema": SCHEMA_GATES, "valid": valid,
                                   "gates": [g.model_dump(mode="json") for g in gates]})
