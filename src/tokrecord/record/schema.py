@@ -11,6 +11,10 @@ the writer emits is required, even where the reused model (``PairResult``,
 an input with defaults to fill in. Validation is strict, as JSON is: a string is
 not a number and ``1`` is not ``true``.
 
+Readers load a record with ``load_record``: by its schema id, as ``validate_record``
+checks it, except that a v1 record sealed before the probes (idle gates, telemetry,
+hardware) lacks the keys they added (``ADDED_LATER``), which it then reads as None.
+
 ``python -m tokrecord.record.schema`` prints the JSON Schema; the packaged copy
 ``tokrecord/data/record.schema.json`` is that output (a test keeps them equal).
 """
@@ -20,9 +24,11 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -31,11 +37,13 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
+    WithJsonSchema,
     field_validator,
 )
 from pydantic_core import ErrorDetails
 
 from tokrecord.errors import ConfigError
+from tokrecord.evidence import read_json
 from tokrecord.experiment.plan import Arm, ArmName
 from tokrecord.experiment.power import PowerReport
 from tokrecord.experiment.stats import (
@@ -71,6 +79,25 @@ EvidenceName = Literal["summary.json", "rows.json", "events.jsonl", "gates.json"
                        "server.log", "cleanup.json", "metrics-before.prom", "metrics-after.prom",
                        "idle.json", "telemetry.jsonl", "hardware.json"]
 EvidenceHashes = dict[EvidenceName, Sha256]
+
+# Keys added to records with the probes (idle gates, telemetry, hardware). A v1 record
+# sealed by an earlier tokrecord has none of them and must still be read (verify skips
+# them likewise): their fields default to None, which a reader takes as "not recorded";
+# validate_record still requires every one of them in a record that is written.
+ADDED_LATER: Final = frozenset({
+    "telemetry", "hardware", "idle_before_and_after_all_legs", "same_hardware_all_legs",
+    "prestart_idle_seconds", "poststop_idle_seconds", "prestart_idle_snapshots",
+    "poststop_idle_snapshots", "idle_passed"})
+
+
+def _not_null(value: Any) -> Any:
+    if value is None:
+        raise ValueError("either absent (a record sealed before the probes) or a boolean, never null")
+    return value
+
+
+# A boolean of ADDED_LATER: None only where a record sealed before the probes lacks it.
+LaterBool = Annotated[bool | None, AfterValidator(_not_null), WithJsonSchema({"type": "boolean"})]
 
 
 class _Section(BaseModel):
@@ -190,6 +217,14 @@ class AbbaProtocol(_Section):
     headline_formula: str
     fifth_run_permitted: Literal[False]
 
+    def leg_names(self) -> list[str]:
+        """The legs in run order ("A1-control" names leg A1)."""
+        return [entry.split("-")[0] for entry in self.order]
+
+    def idle_gap(self, leg: str) -> float | None:
+        """The idle gap measured before a leg; None before the first."""
+        return next((s for name, s in self.idle_gap_seconds_measured.items() if name == leg), None)
+
 
 class Accelerator(_Section):
     backend: str
@@ -237,7 +272,7 @@ class LegBlock(SpeculativeCounters):
     valid: bool
     gates: dict[str, GateSummary]
     warnings: list[str]
-    telemetry: TelemetrySummary | None
+    telemetry: TelemetrySummary | None = None
     evidence_sha256: EvidenceHashes
     run_dir: str
 
@@ -264,8 +299,8 @@ class AbbaQuality(_Section):
     rollover_exact: Count
     token_count_integrity: Count
     cleanup_passed_all_legs: bool
-    idle_before_and_after_all_legs: bool
-    same_hardware_all_legs: bool
+    idle_before_and_after_all_legs: LaterBool = None
+    same_hardware_all_legs: LaterBool = None
     all_legs_valid: bool
     retries: NonNegativeInt
     full_abba_causal_pass: bool
@@ -305,11 +340,11 @@ class LogFact(_Section):
 
 class LegOperational(_Section):
     idle_gap_before_seconds: float | None
-    prestart_idle_seconds: float | None
-    poststop_idle_seconds: float | None
-    prestart_idle_snapshots: NonNegativeInt | None
-    poststop_idle_snapshots: NonNegativeInt | None
-    idle_passed: bool
+    prestart_idle_seconds: float | None = None
+    poststop_idle_seconds: float | None = None
+    prestart_idle_snapshots: NonNegativeInt | None = None
+    poststop_idle_snapshots: NonNegativeInt | None = None
+    idle_passed: LaterBool = None
     server_ready_seconds: float | None
     cleanup_passed: bool | None
     surviving_workers: NonNegativeInt | None
@@ -348,7 +383,7 @@ class _ExperimentCommon(_Record):
     operational: Operational
     reproducibility: Reproducibility
     source: Source
-    hardware: Hardware | None
+    hardware: Hardware | None = None
     artifacts: AbbaArtifacts
     submission: Empty
 
@@ -363,6 +398,13 @@ class ExperimentRecord(_ExperimentCommon):
     runs: AbbaRuns
     pair_results: AbbaPairs
     bootstrap: BootstrapResult | None  # the verdict is UNDECIDED when none could be computed
+
+    def runs_by_name(self) -> dict[str, LegBlock]:
+        """The legs by name, in run order (A1 B1 B2 A2), as v2 keeps them."""
+        return dict(self.runs)  # a model iterates as (field name, value)
+
+    def pairs_by_name(self) -> dict[str, PairResult]:
+        return dict(self.pair_results)
 
 
 # -- tokrecord.experiment-record/v2 -------------------------------------------------------
@@ -388,6 +430,12 @@ class ExperimentRecordV2(_ExperimentCommon):
     pair_results: dict[PairName, PairResult]
     verdict_analysis: VerdictAnalysis | None
     power: PowerReport | None  # when the plan declared min_effect_pct
+
+    def runs_by_name(self) -> dict[str, LegBlock]:
+        return self.runs
+
+    def pairs_by_name(self) -> dict[str, PairResult]:
+        return self.pair_results
 
 
 # -- tokrecord.single-leg-record/v1 -------------------------------------------------------
@@ -452,24 +500,29 @@ class SingleLegRecord(_Record):
     reproducibility: Reproducibility
     sha256: EvidenceHashes
     source: Source
-    hardware: Hardware | None
-    telemetry: TelemetrySummary | None
+    hardware: Hardware | None = None
+    telemetry: TelemetrySummary | None = None
     artifacts: SingleArtifacts
     submission: Empty
 
 
+AbbaRecord = ExperimentRecord | ExperimentRecordV2
 AnyRecord = ExperimentRecord | ExperimentRecordV2 | SingleLegRecord
 Record = Annotated[AnyRecord, Field(discriminator="schema_id")]
 RECORD_ADAPTER: TypeAdapter[AnyRecord] = TypeAdapter(Record)
 _RECORD_MODELS: Final = (ExperimentRecord, ExperimentRecordV2, SingleLegRecord)
 _OPTIONAL_KEYS: Final = frozenset({"seal"})  # of the record models only
+_V1_MODELS: Final = (ExperimentRecord, SingleLegRecord)  # the forms written before the probes
 
 
 # -- validation ---------------------------------------------------------------------------
 
 
-def validate_record(obj: Mapping[str, Any], *, source: str = "record") -> AnyRecord:
-    """The record as a model; ConfigError naming the first bad key path when it is not one."""
+def validate_record(obj: Mapping[str, Any], *, source: str = "record",
+                    sealed_before_probes_ok: bool = False) -> AnyRecord:
+    """The record as a model; ConfigError naming the first bad key path when it is not one.
+    With sealed_before_probes_ok, a v1 record may lack the keys of ADDED_LATER (a reader's
+    view of old evidence); a record to be written must have them all."""
     try:
         text = json.dumps(dict(obj), allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -478,7 +531,8 @@ def validate_record(obj: Mapping[str, Any], *, source: str = "record") -> AnyRec
         record = RECORD_ADAPTER.validate_json(text, strict=True)
     except ValidationError as exc:
         raise ConfigError(_describe(source, obj, exc.errors())) from exc
-    missing = _first_unset(record, ())
+    later = ADDED_LATER if sealed_before_probes_ok and isinstance(record, _V1_MODELS) else frozenset()
+    missing = _first_unset(record, (), later)
     if missing is not None:
         raise ConfigError(f"{source}: key '{_dotted(missing)}': Field required")
     if isinstance(record, ExperimentRecordV2):
@@ -486,10 +540,19 @@ def validate_record(obj: Mapping[str, Any], *, source: str = "record") -> AnyRec
     return record
 
 
+def load_record(path: Path) -> AnyRecord:
+    """A sealed record.json as its model, for a reader (see validate_record): ConfigError
+    naming the path when it is missing, not JSON, or not a record."""
+    obj = read_json(path, ConfigError)
+    if not isinstance(obj, Mapping):
+        raise ConfigError(f"{path}: not a record")
+    return validate_record(obj, source=str(path), sealed_before_probes_ok=True)
+
+
 def _check_design(record: ExperimentRecordV2, source: str) -> None:
     """v2 names its legs and pairs by the design: each one the protocol names must be there,
     and no other."""
-    legs = [entry.split("-")[0] for entry in record.protocol.order]
+    legs = record.protocol.leg_names()
     for section, names in (("runs", legs), ("pair_results", record.protocol.pairs)):
         found = getattr(record, section)
         for name in names:
@@ -534,28 +597,29 @@ def _data_path(obj: Any, loc: Sequence[int | str]) -> tuple[int | str, ...]:
     return tuple(path)
 
 
-def _first_unset(value: Any, path: tuple[int | str, ...]) -> tuple[int | str, ...] | None:
+def _first_unset(value: Any, path: tuple[int | str, ...],
+                 later: frozenset[str]) -> tuple[int | str, ...] | None:
     """The first key a model filled from a default: the writer always emits it, so a record
-    without it is not one tokrecord wrote."""
+    without it is not one tokrecord wrote (keys in later excepted: see ADDED_LATER)."""
     if isinstance(value, BaseModel):
         optional = _OPTIONAL_KEYS if isinstance(value, _RECORD_MODELS) else frozenset()
         for name, field in type(value).model_fields.items():
             key = field.alias or name
             if name not in value.model_fields_set:
-                if name in optional:
+                if name in optional or name in later:
                     continue
                 return (*path, key)
-            found = _first_unset(getattr(value, name), (*path, key))
+            found = _first_unset(getattr(value, name), (*path, key), later)
             if found is not None:
                 return found
     elif isinstance(value, Mapping):
         for key, item in value.items():
-            found = _first_unset(item, (*path, key))
+            found = _first_unset(item, (*path, key), later)
             if found is not None:
                 return found
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            found = _first_unset(item, (*path, index))
+            found = _first_unset(item, (*path, index), later)
             if found is not None:
                 return found
     return None
