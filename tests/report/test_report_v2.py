@@ -22,7 +22,15 @@ from rich.console import Console
 from golden_support import golden
 from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.cli.view import print_experiment, verdict_lines
+from tokrecord.errors import ConfigError
 from tokrecord.experiment.plan import abba_design
+from tokrecord.record.schema import (
+    AbbaProtocolV2,
+    ExperimentRecord,
+    ExperimentRecordV2,
+    load_record,
+    validate_record,
+)
 from tokrecord.report import load_report, render_html, render_markdown, render_terminal
 from tokrecord.report.charts import abba_chart, leg_colors, pairs_chart
 from tokrecord.report.derive import pair_names
@@ -39,6 +47,12 @@ LEGS = ["A1", "B1", "B2", "A2", "B3", "A3", "A4", "B4"]
 
 def record_of(path: Path) -> dict[str, Any]:
     return json.loads((path / "record.json").read_text())  # type: ignore[no-any-return]
+
+
+def v2_record(path: Path) -> ExperimentRecordV2:
+    record = load_record(path / "record.json")
+    assert isinstance(record, ExperimentRecordV2)
+    return record
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +225,7 @@ def test_undecided_without_an_interval(tmp_path: Path) -> None:
     abba = section(render_html(d), "abba")
     assert abba.count("<svg") == 2  # legs and pairs; no interval to draw
     assert f"Verdict UNDECIDED: no interval: {reason}" in abba
-    lines = verdict_lines(record)
+    lines = verdict_lines(v2_record(copy))
     assert f"no interval: {reason}" in lines and not any(x.startswith("noise") for x in lines)
 
 
@@ -231,6 +245,26 @@ def test_v1_record_keeps_the_paired_bootstrap() -> None:
     assert section(page, "abba").count("<svg") == 2  # legs in order, the interval (as before)
     assert "bootstrap samples" in section(page, "abba")
     assert d.headline.note == "the lower of the two candidate legs, as the record gate uses it"
+
+
+def test_a_v1_record_sealed_before_the_probes_is_read_by_its_schema_id() -> None:
+    demo = FIXTURES / "report" / "demo"  # v1, sealed before idle gates, telemetry and hardware
+    old = load_record(demo / "record.json")
+    assert isinstance(old, ExperimentRecord) and old.hardware is None
+    assert old.runs.B1.telemetry is None and old.operational.legs["B1"].idle_passed is None
+    assert old.quality.same_hardware_all_legs is None
+    assert "same_hardware_all_legs" not in old.quality.model_fields_set  # so the report omits it
+    # A record is never written without them, and v2 (made after the probes) always has them.
+    with pytest.raises(ConfigError, match=r"'quality\.idle_before_and_after_all_legs': Field required"):
+        validate_record(record_of(demo))
+    newer = record_of(V2)
+    del newer["hardware"]
+    with pytest.raises(ConfigError, match="key 'hardware': Field required"):
+        validate_record(newer, sealed_before_probes_ok=True)
+    newer = record_of(V2)
+    newer["operational"]["legs"]["A1"]["idle_passed"] = None
+    with pytest.raises(ConfigError, match="idle_passed': Value error, either absent"):
+        validate_record(newer, sealed_before_probes_ok=True)
 
 
 # --------------------------------------------------------------------------- many blocks
@@ -255,12 +289,18 @@ def test_legs_chart_takes_any_number_of_blocks(v2: ReportData) -> None:
     assert pairs is None
 
 
+def pairs_only(listed: list[str], found: list[str]) -> ExperimentRecordV2:
+    """A v2 record reduced to what pair_names reads (not a valid record)."""
+    return ExperimentRecordV2.model_construct(
+        protocol=AbbaProtocolV2.model_construct(pairs=listed), pair_results=dict.fromkeys(found))
+
+
 def test_pairs_are_in_block_order_past_nine() -> None:
     keys = [f"B{n}_vs_A{n}" for n in range(1, 11)]
-    record = {"protocol": {"pairs": keys}, "pair_results": {k: {} for k in sorted(keys)}}
+    record = pairs_only(keys, sorted(keys))
     assert sorted(keys)[:3] == ["B10_vs_A10", "B1_vs_A1", "B2_vs_A2"]  # record.json's key order
     assert pair_names(record) == keys
-    assert pair_names({"pair_results": {"B2_vs_A2": {}, "B1_vs_A1": {}}}) == ["B2_vs_A2", "B1_vs_A1"]
+    assert pair_names(pairs_only([], ["B2_vs_A2", "B1_vs_A1"])) == ["B2_vs_A2", "B1_vs_A1"]
 
 
 def test_ticks_of_a_narrow_range_far_from_zero() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,22 @@ from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
 
+from tokrecord.errors import ConfigError
 from tokrecord.experiment.leg import LegResult, RowRecord
+from tokrecord.experiment.stats import RecordGate
+from tokrecord.gates import GateStatus
 from tokrecord.probes import Snapshot
 from tokrecord.probes.idle import IdleCriteria, IdleResult
+from tokrecord.record.schema import (
+    AbbaQuality,
+    AbbaRecord,
+    ExperimentRecord,
+    ExperimentRecordV2,
+    GateSummary,
+    LegOperational,
+    SingleLegRecord,
+    validate_record,
+)
 from tokrecord.report import fmt as report_fmt
 from tokrecord.report.derive import analysis_view, pair_names, power_view, record_design
 from tokrecord.report.text import (
@@ -197,7 +211,8 @@ def print_leg(out: Console, err: Console, result: LegResult) -> None:
         err.print(f"[yellow]warning:[/] {escape(warning)}")
 
 
-_STATUS_STYLE = {"pass": "green", "fail": "bold red", "not tested": "yellow", "n/t": "yellow"}
+_STATUS_STYLE: dict[str, str] = {GateStatus.PASS: "green", GateStatus.FAIL: "bold red",
+                                 GateStatus.NOT_TESTED: "yellow", "n/t": "yellow"}
 # Short terminal labels; gates.json keeps the full names.
 _LABELS = {
     "teacher_exact": "teacher exact",
@@ -283,90 +298,123 @@ class RichExperimentObserver(RichLegObserver):
             self._idle_wait = None
 
 
-def _pct(value: Any) -> str:
+def _pct(value: float | None) -> str:
     return "—" if value is None else f"{value:+.3f} %"
 
 
-def experiment_tables(record: dict[str, Any]) -> list[Table]:
+def experiment_tables(record: AbbaRecord) -> list[Table]:
+    legs = [name for name in record.protocol.leg_names() if name in record.runs_by_name()]
+    return [_runs_table(record, legs), _gates_matrix(record, legs), _pairs_table(record),
+            _quality_table(record.quality), _record_gate_table(record.record_gate)]
 
-    order = [item.split("-")[0] for item in record["protocol"]["order"]]
-    legs = [name for name in order if name in record["runs"]]
+
+def _runs_table(record: AbbaRecord, legs: list[str]) -> Table:
     design, blocks = record_design(record)
     # v1 records keep their title; v2 names its design (A/A legs all run one arm).
     what = "" if design is None else \
         f" ({'A/A' if design == 'aa' else 'ABBA'}, {blocks} block{'s' if blocks != 1 else ''})"
-    runs = Table(title=f"experiment {record['experiment']} — legs{what}", box=None, padding=(0, 1))
+    runs = Table(title=f"experiment {record.experiment} — legs{what}", box=None, padding=(0, 1))
     for col in ("leg", "arm", "tok/s", "p10", "TTFT ms", "cycle ms", "acc.", "exact", "W",
                 "J/tok", "idle", "valid"):
         runs.add_column(col, justify="right" if col not in ("leg", "arm") else "left")
     for name in legs:
-        leg = record["runs"][name]
-        tel = leg.get("telemetry") or {}
-        op = (record.get("operational") or {}).get("legs", {}).get(name, {})
-        idle = ("—" if op.get("prestart_idle_seconds") is None else
-                f"{op['prestart_idle_seconds']:.0f}+{fmt(op.get('poststop_idle_seconds'), 0)} s")
-        runs.add_row(name, leg["treatment"], fmt(leg["headline_tok_s"]), fmt(leg["p10_tok_s"]),
-                     fmt(leg["ttft_median_ms"], 1), fmt(leg["aggregate_cycle_ms"]),
-                     fmt(leg["draft_acceptance_rate"], 3), leg["teacher_exact"],
-                     fmt(tel.get("power_w_mean"), 0), fmt(tel.get("joules_per_output_token"), 3),
-                     idle, "yes" if leg["valid"] else "[red]NO[/]")
+        leg = record.runs_by_name()[name]
+        tel = leg.telemetry
+        runs.add_row(name, leg.treatment, fmt(leg.headline_tok_s), fmt(leg.p10_tok_s),
+                     fmt(leg.ttft_median_ms, 1), fmt(leg.aggregate_cycle_ms),
+                     fmt(leg.draft_acceptance_rate, 3), leg.teacher_exact,
+                     fmt(tel.power_w_mean if tel else None, 0),
+                     fmt(tel.joules_per_output_token if tel else None, 3),
+                     _idle_cell(record.operational.legs.get(name)),
+                     "yes" if leg.valid else "[red]NO[/]")
+    return runs
+
+
+def _idle_cell(op: LegOperational | None) -> str:
+    """How long the idle gates before and after the leg took (a record sealed before the
+    idle gates has none)."""
+    if op is None or op.prestart_idle_seconds is None:
+        return "—"
+    return f"{op.prestart_idle_seconds:.0f}+{fmt(op.poststop_idle_seconds, 0)} s"
+
+
+def _pairs_table(record: AbbaRecord) -> Table:
+    design, _ = record_design(record)
     pairs = Table(title="pairs (B vs A positions, one arm)" if design == "aa"
                   else "pairs (candidate vs control)", box=None, padding=(0, 1))
     for col in ("pair", "headline Δ", "paired median Δ", "row wins", "cycle saving ms", "pass"):
         pairs.add_column(col, justify="left" if col == "pair" else "right")
+    results = record.pairs_by_name()
     for name in pair_names(record):  # block order (B10_vs_A10 after B9_vs_A9)
-        p = record["pair_results"][name]
-        pairs.add_row(name, _pct(p["headline_delta_pct"]), _pct(p["paired_median_delta_pct"]),
-                      p["candidate_row_wins"], fmt(p["aggregate_cycle_saving_ms"], 3),
-                      "[green]pass[/]" if p["passed"] else "[red]fail[/]")
+        p = results[name]
+        pairs.add_row(name, _pct(p.headline_delta_pct), _pct(p.paired_median_delta_pct),
+                      p.candidate_row_wins, fmt(p.aggregate_cycle_saving_ms, 3),
+                      "[green]pass[/]" if p.passed else "[red]fail[/]")
+    return pairs
+
+
+def _gates_matrix(record: AbbaRecord, legs: list[str]) -> Table:
+    runs = record.runs_by_name()
     matrix = Table(title="quality gates per leg", box=None, padding=(0, 1))
     matrix.add_column("gate", no_wrap=True)
     for name in legs:
         matrix.add_column(name, justify="right", no_wrap=True)
-    present = record["runs"][legs[0]]["gates"]
+    present = runs[legs[0]].gates
     # Past one block the columns are narrow: "not tested" would be cut to "not tes…".
     short = len(legs) > 4
     if short:
         matrix.caption = "n/t: not tested"
     for gate in [g for g in _LABELS if g in present] + [g for g in present if g not in _LABELS]:
-        cells = []
-        for name in legs:
-            g = record["runs"][name]["gates"].get(gate, {})
-            status = g.get("status", "—")
-            if short and status == "not tested":
-                status = "n/t"
-            style = _STATUS_STYLE.get(status, "")
-            text = g.get("count") or status if status == "pass" else status
-            cells.append(f"[{style}]{text}[/]" if style else text)
+        cells = [_gate_cell(runs[name].gates.get(gate), short) for name in legs]
         matrix.add_row(_LABELS.get(gate, gate), *cells)
-    q = record["quality"]
+    return matrix
+
+
+def _gate_cell(gate: GateSummary | None, short: bool) -> str:
+    status: str = "—" if gate is None else gate.status.value
+    if short and status == GateStatus.NOT_TESTED:
+        status = "n/t"
+    style = _STATUS_STYLE.get(status, "")
+    text = (gate.count or status) if gate is not None and status == GateStatus.PASS else status
+    return f"[{style}]{text}[/]" if style else text
+
+
+# The quality keys across legs, in this order (a record sealed before the idle gates and
+# hardware probes lacks the keys they added).
+_QUALITY_ROWS = ("all_legs_teacher_exact", "all_legs_cross_exact", "all_legs_cached_zero",
+                 "full_output_then_next_exact", "long_then_next_exact", "rollover_exact",
+                 "token_count_integrity", "cleanup_passed_all_legs",
+                 "idle_before_and_after_all_legs", "same_hardware_all_legs", "all_legs_valid",
+                 "retries")
+
+
+def _quality_table(q: AbbaQuality) -> Table:
     quality = Table(title="quality across legs", box=None, padding=(0, 1), show_header=False)
     quality.add_column("gate")
     quality.add_column("value", justify="right")
-    for key in ("all_legs_teacher_exact", "all_legs_cross_exact", "all_legs_cached_zero",
-                "full_output_then_next_exact", "long_then_next_exact", "rollover_exact",
-                "token_count_integrity", "cleanup_passed_all_legs",
-                "idle_before_and_after_all_legs", "same_hardware_all_legs", "all_legs_valid",
-                "retries"):
-        if key in q:  # records made before idle gates existed lack the newer keys
-            quality.add_row(key, str(q[key]))
-    gate = record["record_gate"]
+    for key in _QUALITY_ROWS:
+        if key in q.model_fields_set:
+            quality.add_row(key, str(getattr(q, key)))
+    return quality
+
+
+def _record_gate_table(gate: RecordGate) -> Table:
     rg = Table(title="record gate (strict preregistered)", box=None, padding=(0, 1),
                show_header=False)
     rg.add_column("figure")
     rg.add_column("value", justify="right")
-    rg.add_row("candidate lower / higher", f"{fmt(gate['candidate_lower_start_tok_s'])} / "
-               f"{fmt(gate['candidate_higher_start_tok_s'])}")
-    rg.add_row("control lower", fmt(gate["control_lower_start_tok_s"]))
-    rg.add_row("prior record", fmt(gate["prior_record_tok_s"]))
-    rg.add_row("delta vs prior", f"{fmt(gate['delta_vs_prior_record_tok_s'], 3)} tok/s, "
-               f"{_pct(gate['delta_vs_prior_record_pct'])}")
-    rg.add_row("pass", "[green]PASS[/]" if gate["strict_preregistered_record_pass"]
+    rg.add_row("candidate lower / higher", f"{fmt(gate.candidate_lower_start_tok_s)} / "
+               f"{fmt(gate.candidate_higher_start_tok_s)}")
+    rg.add_row("control lower", fmt(gate.control_lower_start_tok_s))
+    rg.add_row("prior record", fmt(gate.prior_record_tok_s))
+    rg.add_row("delta vs prior", f"{fmt(gate.delta_vs_prior_record_tok_s, 3)} tok/s, "
+               f"{_pct(gate.delta_vs_prior_record_pct)}")
+    rg.add_row("pass", "[green]PASS[/]" if gate.strict_preregistered_record_pass
                else "[red]no record[/]")
-    return [runs, matrix, pairs, quality, rg]
+    return rg
 
 
-def verdict_lines(record: dict[str, Any]) -> list[str]:
+def verdict_lines(record: AbbaRecord) -> list[str]:
     """A v2 record's design, leg-level interval, its noise and the preregistered power, in
     the report's words (none for v1: its bootstrap line is printed as it always was)."""
 
@@ -389,21 +437,27 @@ def verdict_lines(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-def print_experiment(out: Console, record: dict[str, Any], path: Path) -> None:
-    for table in experiment_tables(record):
+def print_experiment(out: Console, record: AbbaRecord | Mapping[str, Any], path: Path) -> None:
+    """An experiment record's tables, verdict and where it is; a record just written may
+    still be its JSON, read here as its model."""
+    model = record if isinstance(record, ExperimentRecord | ExperimentRecordV2) else \
+        validate_record(record, source=str(path), sealed_before_probes_ok=True)
+    if isinstance(model, SingleLegRecord):
+        raise ConfigError(f"{path}: a single-leg record has no experiment tables")
+    for table in experiment_tables(model):
         out.print(table)
-    boot = record.get("bootstrap")
-    if boot:
+    boot = model.bootstrap if isinstance(model, ExperimentRecord) else None
+    if boot is not None:
         out.print(
-            f"candidate/control = {boot['ratio']:.4f} "
-            f"({_pct(100 * (boot['ratio'] - 1))}), {100 * boot['confidence']:.0f} % CI "
-            f"[{boot['ci_low']:.4f}, {boot['ci_high']:.4f}] (paired bootstrap, "
-            f"{boot['samples']} samples; equivalence ±{boot['equivalence_pct']:g} %)"
+            f"candidate/control = {boot.ratio:.4f} "
+            f"({_pct(100 * (boot.ratio - 1))}), {100 * boot.confidence:.0f} % CI "
+            f"[{boot.ci_low:.4f}, {boot.ci_high:.4f}] (paired bootstrap, "
+            f"{boot.samples} samples; equivalence ±{boot.equivalence_pct:g} %)"
         )
-    for line in verdict_lines(record):
+    for line in verdict_lines(model):
         out.print(escape(line), soft_wrap=True)
-    out.print(f"[bold]verdict: {record['verdict']}[/]")
-    for reason in record["record_gate"]["reasons"]:
+    out.print(f"[bold]verdict: {model.verdict.value}[/]")
+    for reason in model.record_gate.reasons:
         out.print(f"  no record: {escape(reason)}")
     out.print(f"record: {escape(str(path))}", soft_wrap=True)
 

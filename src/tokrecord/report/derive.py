@@ -1,7 +1,8 @@
 """Turning what load.py read into the report's view models (model.py): no I/O.
 
-Every function here takes already-loaded dicts, records and rows and returns
-views; none reads a file. load.py does the reading and calls these.
+Every function here takes what load.py read (the record as its model, each leg's
+LegResult and rows, identity.json as an Identity; the few files without a model,
+such as telemetry lines and addenda, as JSON) and returns views; none reads a file.
 """
 
 from __future__ import annotations
@@ -19,7 +20,20 @@ from prometheus_client.parser import text_string_to_metric_families
 from tokrecord.errors import ConfigError
 from tokrecord.evidence.seal import Problem
 from tokrecord.experiment.leg import LegResult, RowRecord
+from tokrecord.experiment.stats import PairResult
+from tokrecord.gates import GateResult
+from tokrecord.identity import Identity, PackageIdentity, SourceIdentity
 from tokrecord.metrics import FORMULAS, Convention
+from tokrecord.record.schema import (
+    AbbaRecord,
+    AnyRecord,
+    ExperimentRecord,
+    ExperimentRecordV2,
+    GitTokrecord,
+    IdentitySummary,
+    PackageTokrecord,
+    SingleLegRecord,
+)
 
 from . import fmt
 from .model import (
@@ -267,11 +281,9 @@ def _evidence(evidence: Mapping[str, Any], limit: int = EVIDENCE_MAX_CHARS) -> s
     return text
 
 
-def _gate_view(raw: Mapping[str, Any]) -> GateView:
-    return GateView(name=str(raw.get("name", "?")), status=str(raw.get("status", "?")),
-                    count=raw.get("count"), required=bool(raw.get("required", True)),
-                    reason=str(raw.get("reason", "")),
-                    evidence=_evidence(raw.get("evidence") or {}))
+def _gate_view(gate: GateResult) -> GateView:
+    return GateView(name=gate.name, status=gate.status.value, count=gate.count,
+                    required=gate.required, reason=gate.reason, evidence=_evidence(gate.evidence))
 
 
 def _log_facts(result: LegResult) -> tuple[LogFact, ...]:
@@ -295,10 +307,9 @@ def leg_view(result: LegResult, rows: Sequence[RowRecord], *, name: str | None, 
     s = result.summary
     convention = s.headline_convention.value
     warnings = list(s.warnings) + list(load_warnings)
-    telemetry_summary = getattr(result, "telemetry", None)
     telemetry = telemetry_view(
         telemetry_lines, rows,
-        telemetry_summary.model_dump(mode="json") if telemetry_summary is not None else None)
+        result.telemetry.model_dump(mode="json") if result.telemetry is not None else None)
     c = result.cleanup
     return LegView(
         name=name or result.name, arm=result.arm, attempt=result.attempt,
@@ -316,7 +327,7 @@ def leg_view(result: LegResult, rows: Sequence[RowRecord], *, name: str | None, 
         speculative=speculative(result, metrics_before, metrics_after),
         rows=tuple(_row_view(r, convention) for r in rows),
         intervals=interval_stats(rows), chunk_sizes=chunk_sizes(rows), telemetry=telemetry,
-        gates=tuple(_gate_view(g.model_dump(mode="json")) for g in result.gates),
+        gates=tuple(_gate_view(g) for g in result.gates),
         log_facts=_log_facts(result), warnings=tuple(warnings),
     )
 
@@ -324,22 +335,17 @@ def leg_view(result: LegResult, rows: Sequence[RowRecord], *, name: str | None, 
 # --------------------------------------------------------------------------- experiments
 
 
-def is_single_leg(record: Mapping[str, Any]) -> bool:
-    """A single-leg record (one candidate leg, B1) rather than an A/B experiment record."""
-    return str(record.get("schema", "")).startswith("tokrecord.single-leg-record")
-
-
-def experiment_legs(record: Mapping[str, Any]) -> list[tuple[str, str | None, float | None]]:
+def experiment_legs(record: AnyRecord) -> list[tuple[str, str | None, float | None]]:
     """(leg name, run_dir the record names, idle gap measured before it) per leg, in run order."""
-    if is_single_leg(record):
-        names = ["B1"]
-        run_dirs = {"B1": (record.get("artifacts") or {}).get("run_dir")}
-    else:
-        order = (record.get("protocol") or {}).get("order") or list(record.get("runs") or {})
-        names = [str(item).split("-")[0] for item in order]
-        run_dirs = {n: (record.get("runs") or {}).get(n, {}).get("run_dir") for n in names}
-    gaps = (record.get("protocol") or {}).get("idle_gap_seconds_measured") or {}
-    return [(name, run_dirs.get(name), gaps.get(name)) for name in names]
+    if isinstance(record, SingleLegRecord):
+        return [("B1", record.artifacts.run_dir, None)]
+    runs = record.runs_by_name()
+    return [(name, runs[name].run_dir if name in runs else None, record.protocol.idle_gap(name))
+            for name in _leg_order(record)]
+
+
+def _leg_order(record: AbbaRecord) -> list[str]:
+    return record.protocol.leg_names() or list(record.runs_by_name())
 
 
 def _formula(convention: object, fallback: str) -> str:
@@ -350,24 +356,21 @@ def _formula(convention: object, fallback: str) -> str:
         return fallback
 
 
-def record_design(record: Mapping[str, Any]) -> tuple[str | None, int | None]:
+def record_design(record: AnyRecord) -> tuple[str | None, int | None]:
     """(design, blocks) of an experiment-record/v2; (None, None) for v1 and other records,
     whose reports stay as they were."""
-    p = record.get("protocol") or {}
-    design, blocks = p.get("design"), p.get("blocks")
-    if not isinstance(design, str) or not isinstance(blocks, int):
+    if not isinstance(record, ExperimentRecordV2):
         return None, None
-    return design, blocks
+    return record.protocol.design, record.protocol.blocks
 
 
-def _candidate_legs(record: Mapping[str, Any]) -> list[str]:
+def _candidate_legs(record: AbbaRecord) -> list[str]:
     """The legs in candidate (B) positions, in run order: in an A/A design they run the
     same arm as the rest, so the position, not the arm, says which they are."""
-    order = (record.get("protocol") or {}).get("order") or list(record.get("runs") or {})
-    return [name for name in (str(item).split("-")[0] for item in order) if name.startswith("B")]
+    return [name for name in _leg_order(record) if name.startswith("B")]
 
 
-def _headline_note(record: Mapping[str, Any]) -> str:
+def _headline_note(record: AbbaRecord) -> str:
     design, _ = record_design(record)
     if design is None:
         return "the lower of the two candidate legs, as the record gate uses it"
@@ -379,20 +382,17 @@ def _headline_note(record: Mapping[str, Any]) -> str:
     return f"{which} candidate legs, as the record gate uses it"
 
 
-def _headline_abba(record: Mapping[str, Any], legs: Mapping[str, LegView]) -> Headline:
-    acc = record.get("metric_accounting") or {}
-    leg = acc.get("headline_leg")
-    convention = str(acc.get("published_convention", "conventional"))
+def _headline_abba(record: AbbaRecord, legs: Mapping[str, LegView]) -> Headline:
+    acc = record.metric_accounting
+    convention = acc.published_convention.value
     return Headline(
-        value=acc.get("published_value_tok_s"), leg=leg,
-        arm=legs[leg].arm if isinstance(leg, str) and leg in legs else None, convention=convention,
-        formula=_formula(convention, str(acc.get("published_formula", ""))),
-        quantisation_bound_pct=acc.get("quantisation_bound_pct"),
-        conventional=acc.get("conventional_interval_value_tok_s"),
-        legacy=acc.get("legacy_inclusive_events_value_tok_s"),
-        chunk_aware=acc.get("chunk_aware_value_tok_s"),
-        note=_headline_note(record),
-        qualification=str(acc.get("qualification") or ""),
+        value=acc.published_value_tok_s, leg=acc.headline_leg,
+        arm=legs[acc.headline_leg].arm if acc.headline_leg in legs else None,
+        convention=convention, formula=_formula(convention, acc.published_formula),
+        quantisation_bound_pct=acc.quantisation_bound_pct,
+        conventional=acc.conventional_interval_value_tok_s,
+        legacy=acc.legacy_inclusive_events_value_tok_s, chunk_aware=acc.chunk_aware_value_tok_s,
+        note=_headline_note(record), qualification=acc.qualification,
     )
 
 
@@ -404,182 +404,176 @@ def _headline_leg(leg: LegView, note: str = "") -> Headline:
     )
 
 
-def _bootstrap(record: Mapping[str, Any]) -> Bootstrap | None:
-    b = record.get("bootstrap")
-    if not isinstance(b, Mapping) or b.get("ratio") is None:
+def _bootstrap(record: AnyRecord) -> Bootstrap | None:
+    """The paired bootstrap of an experiment-record/v1 (v2 has the leg-level verdict)."""
+    b = record.bootstrap if isinstance(record, ExperimentRecord) else None
+    if b is None:
         return None
-    return Bootstrap(ratio=b["ratio"], ci_low=b["ci_low"], ci_high=b["ci_high"],
-                     confidence=b["confidence"], samples=b["samples"],
-                     equivalence_pct=b["equivalence_pct"], method=str(b.get("method", "")))
+    return Bootstrap(ratio=b.ratio, ci_low=b.ci_low, ci_high=b.ci_high, confidence=b.confidence,
+                     samples=b.samples, equivalence_pct=b.equivalence_pct, method=b.method)
 
 
-def analysis_view(record: Mapping[str, Any]) -> Analysis | None:
+def analysis_view(record: AnyRecord) -> Analysis | None:
     """The v2 verdict (`verdict_analysis`) as shown; None for v1 (its `bootstrap` instead)."""
-    a = record.get("verdict_analysis")
-    if not isinstance(a, Mapping):
+    if not isinstance(record, ExperimentRecordV2) or record.verdict_analysis is None:
         return None
-    order = [str(item).split("-")[0] for item in (record.get("protocol") or {}).get("order") or ()]
-    stats = a.get("leg_statistics") or {}
+    a = record.verdict_analysis
+    order = record.protocol.leg_names()
+    stats = a.leg_statistics
     names = [n for n in order if n in stats] + sorted(n for n in stats if n not in order)
-    design, _ = record_design(record)
     return Analysis(
-        method=str(a.get("method", "")), verdict=str(a.get("verdict", record.get("verdict", ""))),
-        ratio=a.get("ratio"), ci_low=a.get("ci_low"), ci_high=a.get("ci_high"),
-        confidence=float(a.get("confidence", 0.95)),
-        equivalence_pct=float(a.get("equivalence_pct", 0.0)), df=int(a.get("df") or 0),
-        blocks=int(a.get("blocks") or 0), legs=int(a.get("legs") or 0),
-        rows_used=int(a.get("rows_used") or 0), residual_sd_pct=a.get("residual_sd_pct"),
-        leg_noise_sd_pct=a.get("leg_noise_sd_pct"), leg_noise_df=int(a.get("leg_noise_df") or 0),
-        row_noise_sd_pct=a.get("row_noise_sd_pct"), row_noise_df=int(a.get("row_noise_df") or 0),
-        reason=str(a.get("reason", "")), record_confidence=a.get("record_confidence"),
-        record_ci_low=a.get("record_ci_low"), record_ci_high=a.get("record_ci_high"),
-        record_verdict=a.get("record_verdict"),
-        leg_statistics=tuple((n, float(stats[n])) for n in names), no_claim=design == "aa",
+        method=a.method, verdict=a.verdict.value, ratio=a.ratio, ci_low=a.ci_low,
+        ci_high=a.ci_high, confidence=a.confidence, equivalence_pct=a.equivalence_pct, df=a.df,
+        blocks=a.blocks, legs=a.legs, rows_used=a.rows_used, residual_sd_pct=a.residual_sd_pct,
+        leg_noise_sd_pct=a.leg_noise_sd_pct, leg_noise_df=a.leg_noise_df,
+        row_noise_sd_pct=a.row_noise_sd_pct, row_noise_df=a.row_noise_df, reason=a.reason,
+        record_confidence=a.record_confidence, record_ci_low=a.record_ci_low,
+        record_ci_high=a.record_ci_high, record_verdict=a.record_verdict.value,
+        leg_statistics=tuple((n, stats[n]) for n in names),
+        no_claim=record.protocol.design == "aa",
     )
 
 
-def power_view(record: Mapping[str, Any]) -> Power | None:
+def power_view(record: AnyRecord) -> Power | None:
     """The preregistered power (v2 `power`), or None when the plan declared none."""
-    p = record.get("power")
-    if not isinstance(p, Mapping):
+    p = record.power if isinstance(record, ExperimentRecordV2) else None
+    if p is None:
         return None
     return Power(
-        min_effect_pct=p.get("min_effect_pct"), min_effect_power=p.get("min_effect_power"),
-        blocks=int(p.get("blocks") or 0), df=int(p.get("df") or 0), rows=int(p.get("rows") or 0),
-        target_power=float(p.get("target_power", 0.9)), sd_leg_pct=float(p.get("sd_leg_pct", 0.0)),
-        sd_row_pct=float(p.get("sd_row_pct", 0.0)), noise_df=p.get("noise_df"),
-        noise_sources=tuple(str(x) for x in p.get("noise_sources") or ()),
-        method=str(p.get("method", "")),
-        entries=tuple(PowerEntry(effect_pct=float(e["effect_pct"]), power=float(e["power"]),
-                                 blocks_for_target=e.get("blocks_for_target"))
-                      for e in p.get("entries") or () if isinstance(e, Mapping)),
+        min_effect_pct=p.min_effect_pct, min_effect_power=p.min_effect_power, blocks=p.blocks,
+        df=p.df, rows=p.rows, target_power=p.target_power, sd_leg_pct=p.sd_leg_pct,
+        sd_row_pct=p.sd_row_pct, noise_df=p.noise_df, noise_sources=p.noise_sources,
+        method=p.method,
+        entries=tuple(PowerEntry(effect_pct=e.effect_pct, power=e.power,
+                                 blocks_for_target=e.blocks_for_target) for e in p.entries),
     )
 
 
-def pair_names(record: Mapping[str, Any]) -> list[str]:
+def pair_names(record: AbbaRecord) -> list[str]:
     """Pair keys in block order: v2 names them in `protocol.pairs` (record.json's keys are
     sorted, which puts B10_vs_A10 before B2_vs_A2); v1 in the file's order."""
-    found = record.get("pair_results") or {}
-    listed = [str(n) for n in (record.get("protocol") or {}).get("pairs") or () if n in found]
+    found = record.pairs_by_name()
+    named = record.protocol.pairs if isinstance(record, ExperimentRecordV2) else []
+    listed = [n for n in named if n in found]
     return listed + [n for n in found if n not in listed]
 
 
-def _pairs(record: Mapping[str, Any]) -> tuple[PairView, ...]:
-    results = record.get("pair_results") or {}
-    out = []
-    for name in pair_names(record):
-        p = results[name]
-        out.append(PairView(
-            name=name.replace("_vs_", " vs "), candidate=p["candidate"], control=p["control"],
-            headline_delta_pct=p.get("headline_delta_pct"),
-            paired_median_delta_pct=p.get("paired_median_delta_pct"),
-            row_wins=str(p.get("candidate_row_wins", "")),
-            cycle_saving_ms=p.get("aggregate_cycle_saving_ms"),
-            acceptance_delta_pp=p.get("acceptance_rate_delta_percentage_points"),
-            passed=bool(p.get("passed")), failed_criteria=tuple(p.get("failed_criteria", ()))))
-    return tuple(out)
+def _pairs(record: AbbaRecord) -> tuple[PairView, ...]:
+    results = record.pairs_by_name()
+    return tuple(_pair_view(name, results[name]) for name in pair_names(record))
 
 
-def _record_gate_abba(record: Mapping[str, Any]) -> RecordGate:
-    g = record.get("record_gate") or {}
-    prior = record.get("prior_approved_record") or {}
-    prior_text = fmt.num(g.get("prior_record_tok_s"))
-    if prior.get("id"):
-        prior_text += f" ({prior['id']})"
+def _pair_view(name: str, p: PairResult) -> PairView:
+    return PairView(
+        name=name.replace("_vs_", " vs "), candidate=p.candidate, control=p.control,
+        headline_delta_pct=p.headline_delta_pct, paired_median_delta_pct=p.paired_median_delta_pct,
+        row_wins=p.candidate_row_wins, cycle_saving_ms=p.aggregate_cycle_saving_ms,
+        acceptance_delta_pp=p.acceptance_rate_delta_percentage_points, passed=p.passed,
+        failed_criteria=p.failed_criteria)
+
+
+def _record_gate_abba(record: AbbaRecord) -> RecordGate:
+    g = record.record_gate
+    prior = record.prior_approved_record
+    prior_text = fmt.num(g.prior_record_tok_s) + (f" ({prior.id})" if prior.id else "")
     return RecordGate(
-        passed=bool(g.get("strict_preregistered_record_pass")), status=str(record.get("status", "")),
-        reasons=tuple(g.get("reasons", ())),
+        passed=g.strict_preregistered_record_pass, status=record.status, reasons=g.reasons,
         facts=(
             Fact(label="candidate legs (lower / higher)",
-                 value=f"{fmt.num(g.get('candidate_lower_start_tok_s'))} / "
-                       f"{fmt.num(g.get('candidate_higher_start_tok_s'))} tok/s"),
-            Fact(label="control leg (lower)",
-                 value=f"{fmt.num(g.get('control_lower_start_tok_s'))} tok/s"),
+                 value=f"{fmt.num(g.candidate_lower_start_tok_s)} / "
+                       f"{fmt.num(g.candidate_higher_start_tok_s)} tok/s"),
+            Fact(label="control leg (lower)", value=f"{fmt.num(g.control_lower_start_tok_s)} tok/s"),
             Fact(label="prior record", value=prior_text),
             Fact(label="lower candidate vs prior",
-                 value=fmt.DASH if g.get("delta_vs_prior_record_tok_s") is None else
-                 f"{fmt.num(g['delta_vs_prior_record_tok_s'], 3)} tok/s "
-                 f"({fmt.pct(g.get('delta_vs_prior_record_pct'))})"),
-            Fact(label=_pairs_label(record), value=fmt.yes_no(g.get("pairs_passed"))),
-            Fact(label="every gate in every leg", value=fmt.yes_no(g.get("quality_passed_all_legs"))),
+                 value=_delta(g.delta_vs_prior_record_tok_s, g.delta_vs_prior_record_pct)),
+            Fact(label=_pairs_label(record), value=fmt.yes_no(g.pairs_passed)),
+            Fact(label="every gate in every leg", value=fmt.yes_no(g.quality_passed_all_legs)),
         ),
     )
 
 
-def _pairs_label(record: Mapping[str, Any]) -> str:
-    n = len(record.get("pair_results") or {})
+def _delta(tok_s: float | None, pct: float | None) -> str:
+    return fmt.DASH if tok_s is None else f"{fmt.num(tok_s, 3)} tok/s ({fmt.pct(pct)})"
+
+
+def _pairs_label(record: AbbaRecord) -> str:
+    n = len(record.pairs_by_name())
     return "both pairs passed" if record_design(record)[0] is None or n == 2 \
         else f"all {n} pairs passed"
 
 
-def _record_gate_single(record: Mapping[str, Any], leg: LegView) -> RecordGate:
-    r = record.get("record") or {}
-    passed = record.get("status") == "record_pass"
+def _record_gate_single(record: SingleLegRecord, leg: LegView) -> RecordGate:
+    r = record.record
+    passed = record.status == "record_pass"
     reasons = []
     if not leg.valid:
         reasons.append("the leg is not valid")
-    if r.get("prior_approved_tok_s") is None:
+    if r.prior_approved_tok_s is None:
         reasons.append("no prior approved record declared in the plan")
-    elif r.get("delta_vs_approved_tok_s") is not None and r["delta_vs_approved_tok_s"] <= 0:
+    elif r.delta_vs_approved_tok_s is not None and r.delta_vs_approved_tok_s <= 0:
         reasons.append("not above the prior approved record")
     return RecordGate(
-        passed=passed, status=str(record.get("status", "")), reasons=() if passed else tuple(reasons),
+        passed=passed, status=record.status, reasons=() if passed else tuple(reasons),
         facts=(
-            Fact(label="value", value=f"{fmt.num(r.get('value_tok_s'))} tok/s"),
-            Fact(label="prior approved",
-                 value=f"{fmt.num(r.get('prior_approved_tok_s'))}"
-                       + (f" ({r['prior_approved_id']})" if r.get("prior_approved_id") else "")),
+            Fact(label="value", value=f"{fmt.num(r.value_tok_s)} tok/s"),
+            Fact(label="prior approved", value=fmt.num(r.prior_approved_tok_s)
+                 + (f" ({r.prior_approved_id})" if r.prior_approved_id else "")),
             Fact(label="vs prior approved",
-                 value=fmt.DASH if r.get("delta_vs_approved_tok_s") is None else
-                 f"{fmt.num(r['delta_vs_approved_tok_s'], 3)} tok/s "
-                 f"({fmt.pct(r.get('delta_vs_approved_pct'))})"),
-            Fact(label="goal", value=fmt.num(r.get("goal_tok_s"))),
-            Fact(label="prior best exact", value=fmt.num(r.get("prior_best_exact_tok_s"))),
+                 value=_delta(r.delta_vs_approved_tok_s, r.delta_vs_approved_pct)),
+            Fact(label="goal", value=fmt.num(r.goal_tok_s)),
+            Fact(label="prior best exact", value=fmt.num(r.prior_best_exact_tok_s)),
         ),
     )
 
 
-def _quality(record: Mapping[str, Any]) -> tuple[tuple[Fact, ...], tuple[GateView, ...]]:
+def _quality(record: AbbaRecord) -> tuple[tuple[Fact, ...], tuple[GateView, ...]]:
+    """The experiment's quality keys in record.json's order (sorted: it is canonical JSON),
+    those a record sealed before the probes lacks left out; its gates apart."""
+    q = record.quality
     facts, gates = [], []
-    for key, value in (record.get("quality") or {}).items():
-        if isinstance(value, Mapping):
-            if "status" in value and "name" in value:
-                gates.append(_gate_view(value))
-            continue
-        facts.append(Fact(label=key.replace("_", " "), value=fmt.plain(value)))
+    for key in sorted(q.model_fields_set):
+        value = getattr(q, key)
+        if isinstance(value, GateResult):
+            gates.append(_gate_view(value))
+        else:
+            facts.append(Fact(label=key.replace("_", " "), value=fmt.plain(value)))
     return tuple(facts), tuple(gates)
 
 
-def _protocol(record: Mapping[str, Any]) -> tuple[Fact, ...]:
-    p = record.get("protocol") or {}
-    facts = []
-    if p.get("order"):
-        facts.append(Fact(label="order", value=" ".join(p["order"])))
-    design, blocks = record_design(record)
-    if design is not None:
-        facts.append(Fact(label="design", value=fmt.design(design, blocks)))
-        facts.append(Fact(label="pairs", value=" ".join(str(x).replace("_vs_", " vs ")
-                                                         for x in p.get("pairs") or ())))
-    for key in ("prompt_count_per_leg", "max_tokens", "top_level_prompt_tokens_suite_median",
-                "top_level_output_tokens_suite_median", "metric", "headline_formula",
-                "fresh_service_per_leg", "generation_warmup", "single_active_generation",
-                "prompts_unique_per_leg", "each_prompt_run_once", "cached_tokens_all_zero",
-                "fifth_run_permitted", "idle_gap_seconds_minimum"):
-        if key in p:
-            facts.append(Fact(label=key.replace("_", " "), value=fmt.plain(p[key])))
-    measured = p.get("idle_gap_seconds_measured") or {}
-    if measured:
-        facts.append(Fact(label="idle gap measured (s)",
-                          value=", ".join(f"{k} {v:g}" for k, v in measured.items())))
-    if record.get("metric"):
-        facts.append(Fact(label="metric", value=str(record["metric"])))
+# Protocol keys shown as they are, in this order.
+PROTOCOL_FACTS = ("prompt_count_per_leg", "max_tokens", "top_level_prompt_tokens_suite_median",
+                  "top_level_output_tokens_suite_median", "metric", "headline_formula",
+                  "fresh_service_per_leg", "generation_warmup", "single_active_generation",
+                  "prompts_unique_per_leg", "each_prompt_run_once", "cached_tokens_all_zero",
+                  "fifth_run_permitted", "idle_gap_seconds_minimum")
+
+
+def _as_written(value: object) -> object:
+    """A value as record.json has it: RFC 8785 writes an integral float as an integer."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _protocol(record: AnyRecord) -> tuple[Fact, ...]:
+    if isinstance(record, SingleLegRecord):
+        return (Fact(label="metric", value=record.metric),) if record.metric else ()
+    p = record.protocol
+    facts = [Fact(label="order", value=" ".join(p.order))] if p.order else []
+    if isinstance(record, ExperimentRecordV2):
+        facts.append(Fact(label="design", value=fmt.design(record.protocol.design,
+                                                           record.protocol.blocks)))
+        facts.append(Fact(label="pairs", value=" ".join(x.replace("_vs_", " vs ")
+                                                         for x in record.protocol.pairs)))
+    facts += [Fact(label=key.replace("_", " "), value=fmt.plain(_as_written(getattr(p, key))))
+              for key in PROTOCOL_FACTS]
+    if p.idle_gap_seconds_measured:
+        facts.append(Fact(label="idle gap measured (s)", value=", ".join(
+            f"{k} {v:g}" for k, v in p.idle_gap_seconds_measured.items())))
     return tuple(facts)
 
 
-def _attempts(record: Mapping[str, Any]) -> tuple[Attempt, ...]:
-    return tuple(Attempt(leg=str(a.get("leg")), attempt=int(a.get("attempt") or 0),
-                         status=str(a.get("status")), valid=a.get("valid"), error=a.get("error"))
-                 for a in record.get("attempts") or ())
+def _attempts(record: AnyRecord) -> tuple[Attempt, ...]:
+    return tuple(Attempt(leg=a.leg, attempt=a.attempt, status=a.status, valid=a.valid,
+                         error=a.error) for a in record.attempts)
 
 
 # --------------------------------------------------------------------------- identity
@@ -607,54 +601,74 @@ def seal_facts(manifest: str | None, envelope: Any) -> list[Fact]:
     return facts
 
 
-def identity_experiment(ident: Mapping[str, Any], record: Mapping[str, Any],
+def identity_experiment(ident: Identity | None, record: AnyRecord,
                         seal: Sequence[Fact]) -> tuple[Fact, ...]:
-    """Identity facts of an experiment, from identity.json, the record and the seal facts."""
-    source = record.get("source") or {}
-    facts = []
-    tr = ident.get("tokrecord") or source.get("tokrecord") or {}
-    if tr:
-        state = "dirty" if tr.get("dirty") else "clean"
-        branch = f", {tr['branch']}" if tr.get("branch") else ""
-        facts.append(Fact(label="tokrecord", value=f"{fmt.short_sha(tr.get('commit'))} ({state}{branch})"))
-    if record.get("plan_sha256"):
-        facts.append(Fact(label="plan sha256", value=str(record["plan_sha256"])))
-    for name, src in (ident.get("sources") or {}).items():
-        if isinstance(src, Mapping):
-            base = f", base {fmt.short_sha(src.get('public_base_commit'))}" if src.get("public_base") else ""
-            facts.append(Fact(label=f"source {name}",
-                              value=f"{fmt.short_sha(src.get('commit'))} "
-                                    f"({'dirty' if src.get('dirty') else 'clean'}{base})"))
-    model = ident.get("model") or {}
-    if model:
-        where = model.get("hf_id") or PurePosixPath(str(model.get("path") or "")).name or fmt.DASH
-        rev = f" @ {model['revision']}" if model.get("revision") else ""
-        facts.append(Fact(label="model", value=f"{where}{rev}: {model.get('file_count', '?')} files, "
-                                               f"{int(model.get('total_bytes') or 0):,} bytes"))
-    manifest_sha = model.get("manifest_sha256") or source.get("model_manifest_sha256")
+    """Identity facts of an experiment, from identity.json (None: absent or unreadable), the
+    record's identity summary and the seal facts."""
+    summary = record.source if isinstance(record.source, IdentitySummary) else None
+    facts = _tokrecord_facts(ident.tokrecord if ident else summary.tokrecord if summary else None)
+    facts.append(Fact(label="plan sha256", value=record.plan_sha256))
+    if ident is not None:
+        facts += _identity_facts(ident)
+    manifest_sha = (ident.model.manifest_sha256 if ident and ident.model else None) \
+        or (summary.model_manifest_sha256 if summary else None)
     if manifest_sha:
-        facts.append(Fact(label="model manifest sha256", value=str(manifest_sha)))
-    for group, modules in (ident.get("native_modules") or source.get("native_modules") or {}).items():
-        if isinstance(modules, Mapping):
-            facts.append(Fact(label=f"native modules ({group})",
-                              value=", ".join(f"{PurePosixPath(k).name} {fmt.short_sha(v, 8)}"
-                                              for k, v in sorted(modules.items()))))
-    for env, packages in (ident.get("runtime_locks") or {}).items():
-        if isinstance(packages, Mapping):
-            main = [f"{p} {packages[p]}" for p in KEY_PACKAGES if p in packages]
-            facts.append(Fact(label=f"packages ({env})",
-                              value=f"{len(packages)} pinned" + (f"; {', '.join(main)}" if main else "")))
-    if source.get("runtime_lock_sha256"):
-        facts.append(Fact(label="runtime lock sha256", value=str(source["runtime_lock_sha256"])))
-    for key, label in (("python", "python"), ("platform", "platform")):
-        value = ident.get(key) or source.get(key)
+        facts.append(Fact(label="model manifest sha256", value=manifest_sha))
+    facts += _environment_facts(ident, summary)
+    if summary is not None:
+        facts.append(Fact(label="identity.json sha256", value=summary.identity_sha256))
+    facts.append(Fact(label="record schema", value=record.schema_id))
+    return tuple(facts) + tuple(seal)
+
+
+def _tokrecord_facts(tr: SourceIdentity | PackageIdentity | GitTokrecord | PackageTokrecord | None,
+                     ) -> list[Fact]:
+    """tokrecord's commit and tree state (an installed package has neither)."""
+    if tr is None:
+        return []
+    git = tr if isinstance(tr, SourceIdentity | GitTokrecord) else None
+    state = "dirty" if git and git.dirty else "clean"
+    branch = f", {tr.branch}" if isinstance(tr, SourceIdentity) and tr.branch else ""
+    return [Fact(label="tokrecord", value=f"{fmt.short_sha(git.commit if git else None)} "
+                                          f"({state}{branch})")]
+
+
+def _identity_facts(ident: Identity) -> list[Fact]:
+    """The source trees and the model, which only identity.json names."""
+    facts = []
+    for name, src in ident.sources.items():
+        base = f", base {fmt.short_sha(src.public_base_commit)}" if src.public_base else ""
+        facts.append(Fact(label=f"source {name}", value=f"{fmt.short_sha(src.commit)} "
+                                                        f"({'dirty' if src.dirty else 'clean'}{base})"))
+    m = ident.model
+    if m is not None:
+        where = m.hf_id or PurePosixPath(m.path).name or fmt.DASH
+        rev = f" @ {m.revision}" if m.revision else ""
+        facts.append(Fact(label="model", value=f"{where}{rev}: {m.file_count} files, "
+                                               f"{m.total_bytes:,} bytes"))
+    return facts
+
+
+def _environment_facts(ident: Identity | None, summary: IdentitySummary | None) -> list[Fact]:
+    """Native modules, package locks and the interpreter, from identity.json or, where it
+    says nothing, the record's summary."""
+    facts = []
+    modules = (ident.native_modules if ident else None) or (summary.native_modules if summary else {})
+    for group, hashes in modules.items():
+        facts.append(Fact(label=f"native modules ({group})",
+                          value=", ".join(f"{PurePosixPath(k).name} {fmt.short_sha(v, 8)}"
+                                          for k, v in sorted(hashes.items()))))
+    for env, packages in (ident.runtime_locks if ident else {}).items():
+        main = [f"{p} {packages[p]}" for p in KEY_PACKAGES if p in packages]
+        facts.append(Fact(label=f"packages ({env})",
+                          value=f"{len(packages)} pinned" + (f"; {', '.join(main)}" if main else "")))
+    if summary is not None:
+        facts.append(Fact(label="runtime lock sha256", value=summary.runtime_lock_sha256))
+    for label in ("python", "platform"):
+        value = (getattr(ident, label) if ident else None) or (getattr(summary, label) if summary else None)
         if value:
             facts.append(Fact(label=label, value=str(value)))
-    if source.get("identity_sha256"):
-        facts.append(Fact(label="identity.json sha256", value=str(source["identity_sha256"])))
-    if record.get("schema"):
-        facts.append(Fact(label="record schema", value=str(record["schema"])))
-    return tuple(facts) + tuple(seal)
+    return facts
 
 
 def identity_leg(config: Mapping[str, Any], seal: Sequence[Fact]) -> tuple[Fact, ...]:
@@ -752,37 +766,40 @@ def choose_timeline(legs: Sequence[LegView], rows: Mapping[str, Sequence[RowReco
     return tuple(out), f"leg {chosen}, row {pick.trace.row} ({pick.trace.row_id}): {why}"
 
 
-def experiment_report(record: Mapping[str, Any], legs: Sequence[LegView], *, title: str,
+def experiment_report(record: AnyRecord, legs: Sequence[LegView], *, title: str,
                       timelines: tuple[Timeline, ...], timeline_choice: str,
                       identity: tuple[Fact, ...], addenda: tuple[Addendum, ...]) -> ReportData:
-    """An experiment's report (verification still NOT_VERIFIED), from its record.json and
-    its legs' views; title is the record's experiment name, else the directory's."""
-    single = is_single_leg(record)
-    design, blocks = (None, None) if single else record_design(record)
-    views = {v.name: v for v in legs}
-    quality, experiment_gates = _quality(record) if not single else ((), ())
-    if single:
-        only = legs[0]
-        gate = _record_gate_single(record, only)
-        acc = record.get("metric_accounting") or {}
-        headline = _headline_leg(only, note="the single candidate leg").model_copy(
-            update={"qualification": str((record.get("record") or {}).get("value_qualification") or
-                                         acc.get("qualification") or "")})
-        verdict = ("RECORD" if gate.passed else "NO RECORD") + ("" if only.valid else " (leg NOT VALID)")
-    else:
-        gate = _record_gate_abba(record)
-        headline = _headline_abba(record, views)
-        verdict = str(record.get("verdict", "—"))
+    """An experiment's report (verification still NOT_VERIFIED), from its record and its
+    legs' views; title is the record's experiment name, else the directory's."""
+    form = (_single_parts(record, legs[0], title) if isinstance(record, SingleLegRecord)
+            else _abba_parts(record, legs, title))
     return ReportData(
-        kind=Kind.SINGLE if single else Kind.ABBA,
-        title=str(record.get("experiment") or title), date=record.get("date"),
-        status=str(record.get("status", "")), verdict=verdict, headline=headline,
-        bootstrap=_bootstrap(record), analysis=analysis_view(record), power=power_view(record),
-        design=design, blocks=blocks, pairs=_pairs(record), record_gate=gate, quality=quality,
-        experiment_gates=experiment_gates, legs=tuple(legs), timelines=timelines,
+        **form, date=record.date, status=record.status, legs=tuple(legs), timelines=timelines,
         timeline_choice=timeline_choice, protocol=_protocol(record), identity=identity,
         attempts=_attempts(record), addenda=addenda, verification=NOT_VERIFIED,
     )
+
+
+def _single_parts(record: SingleLegRecord, only: LegView, title: str) -> dict[str, Any]:
+    """What a single-leg record's report says: its one leg against the goal."""
+    gate = _record_gate_single(record, only)
+    headline = _headline_leg(only, note="the single candidate leg").model_copy(
+        update={"qualification": record.record.value_qualification})
+    verdict = ("RECORD" if gate.passed else "NO RECORD") + ("" if only.valid else " (leg NOT VALID)")
+    return {"kind": Kind.SINGLE, "title": title, "verdict": verdict, "headline": headline,
+            "record_gate": gate}
+
+
+def _abba_parts(record: AbbaRecord, legs: Sequence[LegView], title: str) -> dict[str, Any]:
+    """What an ABBA (or A/A) experiment record's report says: verdict, pairs, record gate."""
+    design, blocks = record_design(record)
+    quality, experiment_gates = _quality(record)
+    return {"kind": Kind.ABBA, "title": record.experiment or title,
+            "verdict": record.verdict.value, "headline": _headline_abba(record, {v.name: v for v in legs}),
+            "bootstrap": _bootstrap(record), "analysis": analysis_view(record),
+            "power": power_view(record), "design": design, "blocks": blocks,
+            "pairs": _pairs(record), "record_gate": _record_gate_abba(record), "quality": quality,
+            "experiment_gates": experiment_gates}
 
 
 def leg_report(view: LegView, *, timelines: tuple[Timeline, ...], timeline_choice: str,

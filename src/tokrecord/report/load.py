@@ -1,7 +1,9 @@
 """Reading a record directory into a ReportData: the report's only I/O.
 
 Accepted: a sealed experiment directory (record.json with its legs' attempt
-directories), or a single leg directory (summary.json, no record). Nothing is
+directories), or a single leg directory (summary.json, no record). The record is
+loaded as its model by its schema id (record.schema.load_record), each leg summary
+as a LegResult and identity.json as an Identity. Nothing is
 ever written here, and nothing in the directory is trusted to be current: the
 verification status comes from running `tokrecord verify`'s own checks.
 
@@ -18,14 +20,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
+
+from pydantic import ValidationError
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout, read_json
 from tokrecord.evidence.seal import ADDENDUM_FILE_NAME, MANIFEST_NAME, SIGNATURE_NAME, addenda_dir
 from tokrecord.experiment.leg import LegResult, RowRecord, load_rows
+from tokrecord.identity import Identity
+from tokrecord.record.schema import AnyRecord, load_record
 from tokrecord.record.verify import verify_dir
 
 from .derive import (
@@ -68,6 +74,15 @@ def _maybe_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def _maybe_identity(path: Path) -> Identity | None:
+    """identity.json as its model; None when it is absent, unreadable or not an identity."""
+    doc = _maybe_json(path)
+    try:
+        return None if doc is None else Identity.model_validate(doc)
+    except ValidationError:
         return None
 
 
@@ -133,7 +148,7 @@ def load_leg(run_dir: Path, base: Path, *, name: str | None = None,
 # --------------------------------------------------------------------------- experiments
 
 
-def _leg_dir(exp_dir: Path, record: Mapping[str, Any], name: str, run_dir: str | None) -> Path:
+def _leg_dir(exp_dir: Path, name: str, run_dir: str | None) -> Path:
     """The attempt the record was computed from: the `<leg>/attempt-N` its run_dir names
     (the directory may have moved since), else the leg's complete attempt."""
     if run_dir:
@@ -154,8 +169,8 @@ def _seal_facts(directory: Path) -> list[Fact]:
     return seal_facts(_maybe_text(directory / MANIFEST_NAME), _maybe_json(directory / SIGNATURE_NAME))
 
 
-def _identity_experiment(directory: Path, record: Mapping[str, Any]) -> tuple[Fact, ...]:
-    return identity_experiment(_maybe_json(directory / layout.IDENTITY) or {}, record,
+def _identity_experiment(directory: Path, record: AnyRecord) -> tuple[Fact, ...]:
+    return identity_experiment(_maybe_identity(directory / layout.IDENTITY), record,
                                _seal_facts(directory))
 
 
@@ -213,15 +228,13 @@ def load_report(
 
 def _experiment_report(directory: Path, *, leg: str | None, row: str | None,
                        observer: ReportObserver) -> ReportData:
-    record = _read_json(directory / layout.RECORD)
-    if not isinstance(record, dict):
-        raise ConfigError(f"{directory / 'record.json'}: not a record")
+    record = load_record(directory / layout.RECORD)
     plan = experiment_legs(record)
     views: dict[str, LegView] = {}
     rows: dict[str, list[RowRecord]] = {}
     for i, (name, run_dir, gap) in enumerate(plan, start=1):
         observer.report_leg(name, i, len(plan))
-        view, leg_rows = load_leg(_leg_dir(directory, record, name, run_dir), directory,
+        view, leg_rows = load_leg(_leg_dir(directory, name, run_dir), directory,
                                   name=name, idle_gap_before_s=gap)
         views[name], rows[name] = view, leg_rows
     legs = tuple(views.values())
