@@ -21,10 +21,11 @@ from .base import (
 )
 from .llamacpp import LlamaCppEngine
 from .openai import OpenAIEngine
+from .sglang import SglangEngine
 from .vllm import VllmEngine
 
 ENGINES: dict[EngineName, Engine] = {
-    e.name: e for e in (VllmEngine(), LlamaCppEngine(), OpenAIEngine())
+    e.name: e for e in (VllmEngine(), LlamaCppEngine(), SglangEngine(), OpenAIEngine())
 }
 # The packaged fake server says which engine it imitates with --dialect.
 _FAKE_MODULE = "tokrecord.server.fake"

@@ -137,8 +137,8 @@ class Engine:
     # Server arguments that switch every cache off. The demo plans pass them; a user's
     # argv is never changed behind their back: the cached-tokens gate proves either way.
     no_cache_args: tuple[str, ...] = ()
-    # Other arguments a valid leg needs, appended the same way: no generation of the
-    # engine's own before the suite (SGLang's startup warmup), counters on /metrics.
+    # Other server arguments a valid leg needs, passed the same way: no generation of
+    # the engine's own before the suite (SGLang's startup warmup), counters on /metrics.
     required_args: tuple[str, ...] = ()
     # One connection per row: the server closes each streamed response's socket.
     close_after_stream: bool = False
