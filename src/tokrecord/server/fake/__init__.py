@@ -1,8 +1,16 @@
-"""A paced fake OpenAI-compatible streaming server: a measuring reference.
+"""A paced fake streaming LLM server: a measuring reference.
 
 Users run it to check their setup (`python -m tokrecord.server.fake --port 8000`);
 the tests use it in place of a real engine. Standard library only, so it starts in
 a fraction of a second and depends on nothing that could move its timing.
+
+Dialects (`--dialect`, env TOKRECORD_FAKE_DIALECT; tokrecord.server.fake.dialects, one
+module per engine): `vllm` (the default, described below), `openai` (vLLM's routes
+without its extensions), `llama.cpp` (native /completion, no `[DONE]`, the socket
+closed after each stream) and `sglang` (native /generate with cumulative `meta_info`).
+Every dialect keeps the schedule, the tokens, the fault injection and the JSONL log
+below; what differs is the bytes, the routes, the error bodies, /metrics and the
+server's log lines, each module's docstring says how.
 
 Schedule (all times `time.perf_counter_ns`, the client's clock on the same machine)
     t_req   = when the request's headers have been read (handler entry)
@@ -29,7 +37,7 @@ Tokens: a prompt is "tokenized" by splitting on whitespace, id = crc32(word) % 4
 UTF-8 text (token-id prompts: the ids joined by single spaces; chat: the rendered
 text of `chat_prompt_text`). Same prompt, same output, always.
 
-Wire format follows vLLM's OpenAI server: completions chunks serialise every field
+vLLM's wire format (dialects/openai.py): completions chunks serialise every field
 (nulls included, as vLLM's `exclude_unset=False` does); chat chunks only the fields
 vLLM sets. Continuous usage needs `include_usage` as well, as in vLLM. One knowing
 difference: the final usage object always carries `prompt_tokens_details`

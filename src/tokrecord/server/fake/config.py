@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 from tokrecord.errors import ConfigError
-from tokrecord.server.fake.constants import DEFAULT_MODEL, ENV_PREFIX
+from tokrecord.server.fake.constants import DEFAULT_MODEL, DIALECT_NAMES, ENV_PREFIX
 from tokrecord.server.process import LEG_ENV
 
 
@@ -41,6 +41,20 @@ class FakeServerConfig:
     leg_jitter_seed: int | None = None
     # tok_s x exp(N(0, leg_jitter_pct %)), drawn once per start (see `leg_speed_factor`).
     speed_factor: float = 1.0
+    # Which engine the server imitates (tokrecord.server.fake.dialects).
+    dialect: str = "vllm"
+    # OpenAI endpoints ignore stream_options.continuous_usage_stats: no per-chunk count.
+    no_continuous_usage: bool = False
+    # The engines' own cache and warmup switches, so an argv completed with them starts:
+    # llama.cpp's prompt cache, SGLang's radix cache and startup warmup request, vLLM's
+    # prefix caching (accepted and ignored: the fake's vLLM caches nothing).
+    no_cache_prompt: bool = False
+    disable_radix_cache: bool = False
+    skip_server_warmup: bool = False
+    enable_prefix_caching: bool = False
+    # SGLang's --enable-metrics and llama.cpp's --metrics: the fake always serves /metrics.
+    enable_metrics: bool = False
+    metrics: bool = False
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -76,6 +90,8 @@ class FakeServerConfig:
             problems.append(
                 f"fail_status must be an HTTP error status 400..599, got {self.fail_status}"
             )
+        if self.dialect not in DIALECT_NAMES:
+            problems.append(f"dialect must be one of {', '.join(DIALECT_NAMES)}, got {self.dialect!r}")
         if problems:
             raise ConfigError("fake server: " + "; ".join(problems))
 
@@ -132,6 +148,17 @@ _OPTIONS = (
     _Option("leg_jitter_seed", "opt_int",
             f"seed for that factor, mixed with the leg name the harness exports as {LEG_ENV} "
             "(default: fresh entropy per start)"),
+    _Option("dialect", "str",
+            f"the engine imitated: {' | '.join(DIALECT_NAMES)} (default vllm)"),
+    _Option("no_continuous_usage", "bool",
+            "ignore stream_options.continuous_usage_stats: no chunk says how many tokens it has"),
+    _Option("no_cache_prompt", "bool", "llama.cpp: switch the prompt cache off for every request"),
+    _Option("disable_radix_cache", "bool", "sglang: switch the radix (prefix) cache off"),
+    _Option("skip_server_warmup", "bool", "sglang: no warmup request of its own at start"),
+    _Option("enable_prefix_caching", "bool",
+            "vllm: accepted and ignored (the fake's vLLM caches nothing)"),
+    _Option("enable_metrics", "bool", "sglang: accepted and ignored (/metrics always answers)"),
+    _Option("metrics", "bool", "llama.cpp: accepted and ignored (/metrics always answers)"),
 )
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -164,7 +191,8 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tokrecord.server.fake",
         description=(
-            "Paced fake OpenAI-compatible streaming server (vLLM wire format). Every "
+            "Paced fake streaming server in an engine's wire format (vLLM's by default; "
+            "--dialect picks llama.cpp, SGLang or a plain OpenAI server). Every "
             f"option can also be set by the environment variable {ENV_PREFIX}<NAME>; "
             "a flag wins over the environment."
         ),
@@ -175,7 +203,10 @@ def _build_parser() -> argparse.ArgumentParser:
             parser.add_argument(
                 option.flag,
                 dest=option.name,
-                action=argparse.BooleanOptionalAction,
+                # A flag named --no-x (an engine's own spelling) would read as its own
+                # negation under BooleanOptionalAction.
+                action="store_true" if option.flag.startswith("--no-")
+                else argparse.BooleanOptionalAction,
                 default=None,
                 help=help_text,
             )
@@ -271,6 +302,14 @@ def config_from_args(
         fail_status=values.opt_int("fail_status"),
         cut_after_tokens=values.opt_int("cut_after_tokens"),
         malformed_after_tokens=values.opt_int("malformed_after_tokens"),
+        dialect=values.str_("dialect", "vllm"),
+        no_continuous_usage=values.bool_("no_continuous_usage"),
+        no_cache_prompt=values.bool_("no_cache_prompt"),
+        disable_radix_cache=values.bool_("disable_radix_cache"),
+        skip_server_warmup=values.bool_("skip_server_warmup"),
+        enable_prefix_caching=values.bool_("enable_prefix_caching"),
+        enable_metrics=values.bool_("enable_metrics"),
+        metrics=values.bool_("metrics"),
     )
 
 

@@ -15,3 +15,5 @@ MALFORMED_EVENT = b"data: {not json\n\n"
 DONE_EVENT = b"data: [DONE]\n\n"
 LAST_CHUNK = b"0\r\n\r\n"
 FINISH_REASONS = ("stop", "length", "abort")
+# What --dialect accepts (tokrecord.server.fake.dialects has one module per engine).
+DIALECT_NAMES = ("vllm", "llama.cpp", "sglang", "openai")

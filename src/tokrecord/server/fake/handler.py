@@ -1,4 +1,9 @@
-"""The request handler: routes, and the paced stream of chunks it writes."""
+"""The request handler: routes, and the paced stream of chunks it writes.
+
+The schedule, the socket writes and the JSONL log are the same for every dialect;
+what the bytes say, which routes exist and how errors and log lines look is the
+dialect's (tokrecord.server.fake.dialects).
+"""
 
 from __future__ import annotations
 
@@ -8,37 +13,63 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, cast
 
-from tokrecord.server.fake.constants import DONE_EVENT, LAST_CHUNK, MALFORMED_EVENT
-from tokrecord.server.fake.requests import _Generation, _parse_generation, _RequestError, error_body
+from tokrecord.server.fake.constants import LAST_CHUNK, MALFORMED_EVENT
+from tokrecord.server.fake.dialects.base import Exchange, Reply, Wire
+from tokrecord.server.fake.requests import _Generation, _RequestError
 from tokrecord.server.fake.tokens import (
     _dumps,
     chunk_frame,
     chunk_plan,
     due_ns,
     output_token_ids,
-    sse_event,
-    token_text,
     wait_until,
 )
 
 if TYPE_CHECKING:
+    from tokrecord.server.fake.dialects.base import Dialect, GenerationRoute
     from tokrecord.server.fake.state import FakeServer
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "tokrecord-fake/0.1"
     disable_nagle_algorithm = True  # TCP_NODELAY: a chunk leaves when written
+    _deferred_log: str | None = None
 
     @property
     def fake(self) -> FakeServer:
         return cast("FakeServer", self.server)
 
+    @property
+    def dialect(self) -> Dialect:
+        return self.fake.dialect
+
+    def version_string(self) -> str:
+        return self.dialect.server_version or super().version_string()
+
     def log_message(self, format: str, *args: Any) -> None:
         sys.stderr.write("fake: " + (format % args) + "\n")
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        path = self.path.split("?", 1)[0]
+        host, port = self.client_address[:2]
+        status = int(code) if isinstance(code, int) else 0
+        line = self.dialect.request_line(str(host), int(port), self.requestline, path, status)
+        if line is None:
+            super().log_request(code, size)
+        elif line and self.dialect.log_after_response:
+            self._deferred_log = line
+        elif line:
+            sys.stderr.write(line + "\n")
+
+    def _flush_log(self) -> None:
+        if self._deferred_log is not None:
+            sys.stderr.write(self._deferred_log + "\n")
+            self._deferred_log = None
 
     # -- plain responses
 
@@ -49,43 +80,47 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _send_reply(self, reply: Reply) -> None:
+        self._send_bytes(reply.status, reply.body, reply.content_type)
+
     def _send_json(self, status: int, obj: object) -> None:
         self._send_bytes(status, _dumps(obj).encode("utf-8"), "application/json")
 
     def _send_error_json(
         self, status: int, message: str, err_type: str, param: str | None = None
     ) -> None:
-        self._send_json(status, error_body(status, message, err_type, param))
-
-    def _not_ready(self) -> bool:
-        if self.fake.ready():
-            return False
-        self._send_error_json(503, "server is not ready", "ServiceUnavailableError")
-        return True
+        self._send_reply(self.dialect.error(status, message, err_type, param))
 
     # -- routing
 
     def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/health":
-            self._send_bytes(200 if self.fake.ready() else 503, b"", "application/json")
-        elif path == "/v1/models":
-            if self._not_ready():
-                return
-            model = {"id": self.fake.config.model, "object": "model", "owned_by": "tokrecord"}
-            self._send_json(200, {"object": "list", "data": [model]})
-        elif path == "/metrics":
-            body = self.fake.metrics_text().encode("utf-8")
-            self._send_bytes(200, body, "text/plain; version=0.0.4; charset=utf-8")
-        else:
-            self._send_error_json(404, f"no route for GET {path}", "NotFoundError")
+        try:
+            path = self.path.split("?", 1)[0]
+            reply = self.dialect.get(self.fake, path)
+            if reply is None:
+                self._send_error_json(404, f"no route for GET {path}", "NotFoundError")
+            else:
+                self._send_reply(reply)
+        finally:
+            self._flush_log()
 
     def do_POST(self) -> None:
+        try:
+            self._post()
+        finally:
+            self._flush_log()
+
+    def _post(self) -> None:
         t_req = time.perf_counter_ns()
         path = self.path.split("?", 1)[0]
         raw = self._read_body()
-        if path not in ("/v1/completions", "/v1/chat/completions"):
-            self._send_error_json(404, f"no route for POST {path}", "NotFoundError")
+        route = self.dialect.generation(path)
+        if route is None:
+            other = self.dialect.post(self.fake, path)
+            if other is None:
+                self._send_error_json(404, f"no route for POST {path}", "NotFoundError")
+            else:
+                self._send_reply(other)
             return
         server = self.fake
         req = next(server.request_numbers)
@@ -107,7 +142,8 @@ class _Handler(BaseHTTPRequestHandler):
             )
             self._log_done(req, 0, None, "failed")
             return
-        if self._not_ready():
+        if not server.ready():
+            self._send_reply(self.dialect.not_ready())
             self._log_done(req, 0, None, "not_ready")
             return
         try:
@@ -115,12 +151,14 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _RequestError(
                     400, f"request body is not valid JSON: {bad_json or 'empty body'}"
                 )
-            gen = _parse_generation(path == "/v1/chat/completions", body, server.config.model)
+            gen = route.parse(body, server.config.model)
         except _RequestError as exc:
             self._send_error_json(exc.status, exc.message, exc.err_type, exc.param)
             self._log_done(req, 0, None, "rejected")
             return
-        self._generate(req, t_req, gen)
+        if server.config.no_continuous_usage and gen.continuous_usage:
+            gen = replace(gen, continuous_usage=False)
+        self._generate(req, t_req, gen, route)
 
     def _read_body(self) -> bytes:
         length = self.headers.get("Content-Length")
@@ -147,9 +185,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- generation
 
-    def _generate(self, req: int, t_req: int, gen: _Generation) -> None:
-        config = self.fake.config
-        counters = self.fake.counters
+    def _generate(self, req: int, t_req: int, gen: _Generation, route: GenerationRoute) -> None:
+        server = self.fake
+        config = server.config
+        counters = server.counters
         limit = (
             gen.max_tokens
             if config.max_tokens_cap is None
@@ -161,17 +200,22 @@ class _Handler(BaseHTTPRequestHandler):
             n, finish = limit, "length"
         cut = config.cut_after_tokens is not None and config.cut_after_tokens <= n
         n_send = cast(int, config.cut_after_tokens) if cut else n
+        cached = server.prefix_cache.lookup(gen.prompt_ids, self.dialect.caches_prefix(config, gen))
         with counters.lock:
             counters.active += 1
             counters.max_active = max(counters.max_active, counters.active)
             counters.prompt_tokens += len(gen.prompt_ids)
+            counters.cached_tokens += cached
+        wire = route.wire(
+            Exchange(uuid.uuid4().hex, int(time.time()), config.model, gen, cached, t_req, config)
+        )
         sent = 0
         outcome = "complete"
         try:
             if gen.stream:
-                sent = self._stream(req, t_req, gen, n, n_send, finish, cut)
+                sent = self._stream(req, t_req, gen, wire, n, n_send, finish, cut, cached)
             else:
-                sent = self._respond_whole(t_req, gen, n_send, finish, cut)
+                sent = self._respond_whole(t_req, gen, wire, n_send, finish, cut)
             if cut:
                 outcome = "cut"
         except ConnectionError:  # the client went away: broken pipe, reset, abort
@@ -181,6 +225,7 @@ class _Handler(BaseHTTPRequestHandler):
             with counters.lock:
                 counters.active -= 1
                 counters.success["abort" if outcome != "complete" else finish] += 1
+            counters.book_request(config, sent)
         self._log_done(req, sent, finish if outcome == "complete" else None, outcome)
 
     def _write(self, data: bytes) -> None:
@@ -193,23 +238,23 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
 
     def _stream(
-        self, req: int, t_req: int, gen: _Generation, n: int, n_send: int, finish: str, cut: bool
+        self, req: int, t_req: int, gen: _Generation, wire: Wire, n: int, n_send: int,
+        finish: str, cut: bool, cached: int,
     ) -> int:
         config = self.fake.config
         counters = self.fake.counters
         events = self.fake.events
-        rid = ("chatcmpl-" if gen.chat else "cmpl-") + uuid.uuid4().hex
-        created = int(time.time())
-        builder = _ChunkBuilder(rid, created, config.model, gen)
         ids = output_token_ids(gen.prompt_key, n_send)
         t_first = t_req + round(config.ttft_ms * 1e6)
 
         self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
+        for name, value in self.dialect.stream_headers:
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.flush()
+        started = self.dialect.generation_log(gen, cached)
+        if started is not None:
+            sys.stderr.write(started + "\n")
 
         malformed_at = config.malformed_after_tokens
         sent = 0
@@ -221,11 +266,9 @@ class _Handler(BaseHTTPRequestHandler):
             chunk_ids = [ids[k] for k in positions]
             last = positions[-1]
             done = not cut and last == n - 1
-            payload = b""
-            if index == 0 and gen.chat:
-                payload += chunk_frame(builder.role_event())
+            payload = wire.opening() if index == 0 else b""
             payload += chunk_frame(
-                builder.token_event(chunk_ids, sent + len(chunk_ids), finish if done else None)
+                wire.token_event(chunk_ids, sent + len(chunk_ids), finish if done else None)
             )
             due = due_ns(t_first, last, config.tok_s)
             # Nothing but the wait between the due time and the write: logging follows.
@@ -256,10 +299,9 @@ class _Handler(BaseHTTPRequestHandler):
         if cut:
             self._hang_up()
             return sent
-        tail = b""
-        if gen.include_usage:
-            tail += chunk_frame(builder.usage_event(sent))
-        self._write(tail + chunk_frame(DONE_EVENT) + LAST_CHUNK)
+        self._write(wire.closing(sent, finish) + LAST_CHUNK)
+        if self.dialect.close_after_stream:
+            self.close_connection = True
         return sent
 
     def _send_malformed(self, req: int) -> None:
@@ -267,7 +309,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.fake.events.write({"kind": "malformed", "req": req, "t_ns": time.perf_counter_ns()})
 
     def _respond_whole(
-        self, t_req: int, gen: _Generation, n_send: int, finish: str, cut: bool
+        self, t_req: int, gen: _Generation, wire: Wire, n_send: int, finish: str, cut: bool
     ) -> int:
         config = self.fake.config
         t_first = t_req + round(config.ttft_ms * 1e6)
@@ -278,128 +320,5 @@ class _Handler(BaseHTTPRequestHandler):
         ids = output_token_ids(gen.prompt_key, n_send)
         with self.fake.counters.lock:
             self.fake.counters.generation_tokens += n_send
-        rid = ("chatcmpl-" if gen.chat else "cmpl-") + uuid.uuid4().hex
-        builder = _ChunkBuilder(rid, int(time.time()), config.model, gen)
-        self._send_json(200, builder.whole_response(ids, finish))
+        self._send_json(200, wire.whole(ids, finish))
         return n_send
-
-
-class _ChunkBuilder:
-    """The JSON events of one response, field for field as vLLM writes them."""
-
-    def __init__(self, rid: str, created: int, model: str, gen: _Generation) -> None:
-        self.rid = rid
-        self.created = created
-        self.model = model
-        self.gen = gen
-        self.prompt_tokens = len(gen.prompt_ids)
-        self.first_token_event = True
-
-    def _usage(self, completion_tokens: int, details: bool = False) -> dict[str, Any]:
-        usage: dict[str, Any] = {
-            "prompt_tokens": self.prompt_tokens,
-            "total_tokens": self.prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens,
-        }
-        if details:
-            usage["prompt_tokens_details"] = {"cached_tokens": 0}
-        return usage
-
-    def _head(self) -> dict[str, Any]:
-        obj = "chat.completion.chunk" if self.gen.chat else "text_completion"
-        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
-
-    def role_event(self) -> bytes:
-        chunk = self._head()
-        chunk["choices"] = [
-            {
-                "index": 0,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": None,
-                "finish_reason": None,
-            }
-        ]
-        if self.gen.continuous_usage:
-            chunk["usage"] = self._usage(0)
-        chunk["prompt_token_ids"] = list(self.gen.prompt_ids) if self.gen.return_token_ids else None
-        return sse_event(chunk)
-
-    def token_event(self, ids: Sequence[int], cumulative: int, finish: str | None) -> bytes:
-        text = "".join(token_text(t) for t in ids)
-        token_ids = list(ids) if self.gen.return_token_ids else None
-        chunk = self._head()
-        choice: dict[str, Any]
-        if self.gen.chat:
-            choice = {
-                "index": 0,
-                "delta": {"content": text},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-            if finish is not None:
-                choice["stop_reason"] = None
-            choice["token_ids"] = token_ids
-            chunk["choices"] = [choice]
-            if self.gen.continuous_usage:
-                chunk["usage"] = self._usage(cumulative)
-        else:
-            prompt_ids = None
-            if self.first_token_event and self.gen.return_token_ids:
-                prompt_ids = list(self.gen.prompt_ids)
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish,
-                "stop_reason": None,
-                "prompt_token_ids": prompt_ids,
-                "token_ids": token_ids,
-            }
-            chunk["choices"] = [choice]
-            chunk["usage"] = self._usage(cumulative) if self.gen.continuous_usage else None
-        self.first_token_event = False
-        return sse_event(chunk)
-
-    def usage_event(self, completion_tokens: int) -> bytes:
-        chunk = self._head()
-        chunk["choices"] = []
-        chunk["usage"] = self._usage(completion_tokens, details=True)
-        return sse_event(chunk)
-
-    def whole_response(self, ids: Sequence[int], finish: str) -> dict[str, Any]:
-        text = "".join(token_text(t) for t in ids)
-        token_ids = list(ids) if self.gen.return_token_ids else None
-        prompt_ids = list(self.gen.prompt_ids) if self.gen.return_token_ids else None
-        body: dict[str, Any] = {
-            "id": self.rid,
-            "object": "chat.completion" if self.gen.chat else "text_completion",
-            "created": self.created,
-            "model": self.model,
-        }
-        if self.gen.chat:
-            body["choices"] = [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": None,
-                    "finish_reason": finish,
-                    "stop_reason": None,
-                    "token_ids": token_ids,
-                }
-            ]
-            body["usage"] = self._usage(len(ids), details=True)
-            body["prompt_token_ids"] = prompt_ids
-        else:
-            body["choices"] = [
-                {
-                    "index": 0,
-                    "text": text,
-                    "logprobs": None,
-                    "finish_reason": finish,
-                    "stop_reason": None,
-                    "prompt_token_ids": prompt_ids,
-                    "token_ids": token_ids,
-                }
-            ]
-            body["usage"] = self._usage(len(ids), details=True)
-        return body

@@ -1,4 +1,5 @@
-"""Generation requests as the fake server reads them: OpenAI completions and chat bodies."""
+"""Generation requests as the fake server reads them: OpenAI completions and chat bodies,
+and the helpers the native dialects' readers share."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ class _Generation:
     include_usage: bool
     continuous_usage: bool
     return_token_ids: bool
+    # llama.cpp's per-request prompt cache (its `cache_prompt`, on unless it says false).
+    cache_prompt: bool = False
 
 
 def _is_int(value: object) -> bool:

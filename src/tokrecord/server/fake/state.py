@@ -6,15 +6,17 @@ import itertools
 import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
 from tokrecord.errors import ConfigError
 from tokrecord.server.fake.config import FakeServerConfig
 from tokrecord.server.fake.constants import FINISH_REASONS
+from tokrecord.server.fake.dialects import DIALECTS
+from tokrecord.server.fake.dialects.base import render_metrics
 from tokrecord.server.fake.handler import _Handler
-from tokrecord.server.fake.tokens import _dumps
+from tokrecord.server.fake.tokens import _dumps, chunk_plan
 from tokrecord.server.httpd import LocalHTTPServer
 
 
@@ -50,11 +52,12 @@ class _EventLog:
 
 
 class _Counters:
-    """Cumulative engine-style counters since start, vLLM names on /metrics."""
+    """Cumulative engine-style counters since start; each dialect names them on /metrics."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.prompt_tokens = 0
+        self.cached_tokens = 0
         self.generation_tokens = 0
         self.success = dict.fromkeys(FINISH_REASONS, 0)
         self.drafts = 0
@@ -62,24 +65,58 @@ class _Counters:
         self.accepted = 0
         self.active = 0
         self.max_active = 0
+        # Booked once per request, after its last write (llama.cpp's timings and decodes).
+        self.prompt_seconds = 0.0
+        self.predicted_seconds = 0.0
+        self.decode_calls = 0
+        self.accepted_per_pos: list[int] = []
+
+    def book_request(self, config: FakeServerConfig, sent: int) -> None:
+        """A generation's prompt and decode time, on the fake's schedule."""
+        plan = chunk_plan(sent, config.tokens_per_chunk)
+        with self.lock:
+            self.prompt_seconds += config.ttft_ms / 1e3
+            self.predicted_seconds += sent / config.tok_s
+            self.decode_calls += len(plan)
+            if config.tokens_per_chunk > 1:
+                if not self.accepted_per_pos:
+                    self.accepted_per_pos = [0] * (config.tokens_per_chunk - 1)
+                for chunk in plan[1:]:
+                    for pos in range(len(chunk) - 1):
+                        self.accepted_per_pos[pos] += 1
+
+    def book_warmup(self, prompt_tokens: int, cached: int, generated: int) -> None:
+        """A generation the engine ran by itself (SGLang's startup warmup)."""
+        with self.lock:
+            self.prompt_tokens += prompt_tokens
+            self.cached_tokens += cached
+            self.generation_tokens += generated
+            self.success["length"] += 1
 
 
-def _label_value(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class _PrefixCache:
+    """The engine's prefix cache, as far as the fake needs one: the previous prompt."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: tuple[int, ...] = ()
 
-def _metric(
-    lines: list[str],
-    name: str,
-    kind: str,
-    help_text: str,
-    samples: Iterable[tuple[Mapping[str, str], float]],
-) -> None:
-    lines.append(f"# HELP {name} {help_text}")
-    lines.append(f"# TYPE {name} {kind}")
-    for labels, value in samples:
-        rendered = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items())
-        lines.append(f"{name}{{{rendered}}} {float(value)!r}")
+    def lookup(self, ids: tuple[int, ...], enabled: bool) -> int:
+        """Leading tokens shared with the previous prompt (one is always evaluated)."""
+        with self._lock:
+            last, self._last = self._last, ids
+        if not enabled:
+            return 0
+        shared = 0
+        for a, b in zip(last, ids, strict=False):
+            if a != b:
+                break
+            shared += 1
+        return min(shared, max(len(ids) - 1, 0))
+
+    def flush(self) -> None:
+        with self._lock:
+            self._last = ()
 
 
 class FakeServer(LocalHTTPServer):
@@ -89,10 +126,13 @@ class FakeServer(LocalHTTPServer):
 
     def __init__(self, config: FakeServerConfig) -> None:
         self.config = config
+        self.dialect = DIALECTS[config.dialect]
         self.counters = _Counters()
+        self.prefix_cache = _PrefixCache()
         self.events = _EventLog(config.log)
         self.request_numbers = itertools.count()
         self.started_ns = time.perf_counter_ns()
+        self.started_wall = time.time()
         if ":" in config.host:
             self.address_family = socket.AF_INET6
         try:
@@ -100,7 +140,7 @@ class FakeServer(LocalHTTPServer):
         except BaseException:
             self.events.close()
             raise
-
+        self.dialect.on_start(self)
 
     def server_close(self) -> None:
         super().server_close()
@@ -117,90 +157,4 @@ class FakeServer(LocalHTTPServer):
         return time.perf_counter_ns() - self.started_ns >= self.config.ready_after_s * 1e9
 
     def metrics_text(self) -> str:
-        model = self.config.model
-        labels = {"engine": "0", "model_name": model}
-        c = self.counters
-        with c.lock:
-            families: list[tuple[str, str, str, list[tuple[dict[str, str], float]]]] = [
-                (
-                    "vllm:num_requests_running",
-                    "gauge",
-                    "Number of requests in model execution batches.",
-                    [(labels, c.active)],
-                ),
-                (
-                    "vllm:num_requests_waiting",
-                    "gauge",
-                    "Number of requests waiting to be processed.",
-                    [(labels, 0)],
-                ),
-                (
-                    "vllm:prefix_cache_queries_total",
-                    "counter",
-                    "Prefix cache queries, in terms of number of queried tokens.",
-                    [(labels, c.prompt_tokens)],
-                ),
-                (
-                    "vllm:prefix_cache_hits_total",
-                    "counter",
-                    "Prefix cache hits, in terms of number of cached tokens.",
-                    [(labels, 0)],
-                ),
-                (
-                    "vllm:prompt_tokens_total",
-                    "counter",
-                    "Number of prefill tokens processed.",
-                    [(labels, c.prompt_tokens)],
-                ),
-                (
-                    "vllm:generation_tokens_total",
-                    "counter",
-                    "Number of generation tokens processed.",
-                    [(labels, c.generation_tokens)],
-                ),
-                (
-                    "vllm:request_success_total",
-                    "counter",
-                    "Count of successfully processed requests.",
-                    [({**labels, "finished_reason": r}, c.success[r]) for r in FINISH_REASONS],
-                ),
-            ]
-            if self.config.tokens_per_chunk > 1:
-                families += [
-                    (
-                        "vllm:spec_decode_num_drafts_total",
-                        "counter",
-                        "Number of spec decoding drafts.",
-                        [(labels, c.drafts)],
-                    ),
-                    (
-                        "vllm:spec_decode_num_draft_tokens_total",
-                        "counter",
-                        "Number of draft tokens.",
-                        [(labels, c.draft_tokens)],
-                    ),
-                    (
-                        "vllm:spec_decode_num_accepted_tokens_total",
-                        "counter",
-                        "Number of accepted tokens.",
-                        [(labels, c.accepted)],
-                    ),
-                ]
-            families += [
-                (
-                    "tokrecord_fake_active_generations",
-                    "gauge",
-                    "Generations in progress now.",
-                    [({"model_name": model}, c.active)],
-                ),
-                (
-                    "tokrecord_fake_max_concurrent_generations",
-                    "gauge",
-                    "Most generations in progress at once since start.",
-                    [({"model_name": model}, c.max_active)],
-                ),
-            ]
-        lines: list[str] = []
-        for name, kind, help_text, samples in families:
-            _metric(lines, name, kind, help_text, samples)
-        return "\n".join(lines) + "\n"
+        return render_metrics(self.dialect.metrics(self))
