@@ -158,9 +158,11 @@ def test_llamacpp_outside(start_server: StartServer) -> None:
     assert ids == {"tokrecord-fake"}
     _stream(server, "llama.cpp", Endpoint.NATIVE)
     server.settled_log()
-    lines = server.stderr.read_text().splitlines()
-    assert "srv  log_server_r: request: POST /completion 127.0.0.1 200" in lines
-    assert "srv  log_server_r: request: GET /health 127.0.0.1 200" in lines
+    log = server.stderr.read_text()
+    assert "srv  log_server_r: request: POST /completion 127.0.0.1 200" in log.splitlines()
+    assert "srv  log_server_r: request: GET /health 127.0.0.1 200" in log.splitlines()
+    generation = engine_for("llama.cpp").generation_line
+    assert generation is not None and len(generation.findall(log)) == 1
 
 
 def test_llamacpp_openai_stream_has_no_count(start_server: StartServer) -> None:

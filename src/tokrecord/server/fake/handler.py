@@ -215,6 +215,7 @@ class _Handler(BaseHTTPRequestHandler):
             if gen.stream:
                 sent = self._stream(req, t_req, gen, wire, n, n_send, finish, cut, cached)
             else:
+                self._log_generation(req, gen, cached)
                 sent = self._respond_whole(t_req, gen, wire, n_send, finish, cut)
             if cut:
                 outcome = "cut"
@@ -227,6 +228,11 @@ class _Handler(BaseHTTPRequestHandler):
                 counters.success["abort" if outcome != "complete" else finish] += 1
             counters.book_request(config, sent)
         self._log_done(req, sent, finish if outcome == "complete" else None, outcome)
+
+    def _log_generation(self, req: int, gen: _Generation, cached: int) -> None:
+        line = self.dialect.generation_log(req, gen, cached)
+        if line is not None:
+            sys.stderr.write(line + "\n")
 
     def _write(self, data: bytes) -> None:
         self.wfile.write(data)  # unbuffered: one sendall on the socket
@@ -252,9 +258,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.flush()
-        started = self.dialect.generation_log(gen, cached)
-        if started is not None:
-            sys.stderr.write(started + "\n")
+        self._log_generation(req, gen, cached)
 
         malformed_at = config.malformed_after_tokens
         sent = 0

@@ -127,8 +127,9 @@ class Dialect:
         none at all."""
         return None
 
-    def generation_log(self, gen: _Generation, cached: int) -> str | None:
-        """A line the engine logs when a generation starts (SGLang's prefill line)."""
+    def generation_log(self, req: int, gen: _Generation, cached: int) -> str | None:
+        """A line the engine logs as generation `req` starts (llama.cpp's slot launch,
+        SGLang's prefill line)."""
         return None
 
     def on_start(self, server: FakeServer) -> None:

@@ -16,7 +16,9 @@ loading middleware) and docs/research/llamacpp/README.md (measured on b11434):
   tokens shared with the previous request (never the whole prompt: one token is always
   evaluated), in `timings.cache_n` and `llamacpp:prompt_tokens_cached_total`.
 * While loading, every path but the model list answers 503 "Loading model".
-* Request log, written once the response is done:
+* Log lines (server-context.cpp's SLT_INF / server-http.cpp's SRV_INF formats): each
+  generation starts with `slot launch_slot_: id  0 | task <n> | processing task`, and
+  every request is logged once its response is done:
   `srv  log_server_r: request: POST /completion 127.0.0.1 200`.
 
 Knowing differences: the final event omits `generation_settings` and `prompt`; a chunk
@@ -237,6 +239,9 @@ class LlamaCppDialect(Dialect):
             return ""
         method = request_line.split(" ", 1)[0]
         return f"srv  log_server_r: request: {method} {path} {host} {code}"
+
+    def generation_log(self, req: int, gen: _Generation, cached: int) -> str | None:
+        return f"slot launch_slot_: id  0 | task {req} | processing task"
 
     def metrics(self, server: FakeServer) -> list[Family]:
         return llamacpp_families(server) + fake_gauges(server)

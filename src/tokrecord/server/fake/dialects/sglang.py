@@ -242,7 +242,7 @@ class SglangDialect(Dialect):
         return (f'[{log_time()}] INFO:     {host}:{port} - "{request_line}" {code} '
                 f"{status_phrase(code)}")
 
-    def generation_log(self, gen: _Generation, cached: int) -> str | None:
+    def generation_log(self, req: int, gen: _Generation, cached: int) -> str | None:
         new = len(gen.prompt_ids) - cached
         return (f"[{log_time()}] Prefill batch, #new-seq: 1, #new-token: {new}, "
                 f"#cached-token: {cached}, token usage: 0.00, #running-req: 0, #queue-req: 0")
@@ -258,7 +258,7 @@ class SglangDialect(Dialect):
             server.counters.book_warmup(len(ids), cached, WARMUP_TOKENS)
             port = server.server_port
             lines += [self.request_line("127.0.0.1", port, "GET /get_model_info HTTP/1.1", "", 200),
-                      self.generation_log(gen, cached),
+                      self.generation_log(0, gen, cached),
                       self.request_line("127.0.0.1", port, "POST /generate HTTP/1.1", NATIVE, 200)]
         lines.append(f"[{log_time()}] The server is fired up and ready to roll!")
         sys.stderr.write("".join(f"{line}\n" for line in lines if line))
