@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -157,13 +158,21 @@ class RowRecord(BaseModel):
         return self.trace.completion_tokens == self.trace.n_tokens
 
 
+class LegStatus(StrEnum):
+    """How a leg attempt ended (summary.json writes the value)."""
+
+    COMPLETE = "complete"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
 class LegResult(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     schema_id: str = Field(default=SCHEMA_SUMMARY, alias="schema")
     name: str
     arm: str
-    status: str  # complete | failed | interrupted
+    status: LegStatus
     error: str | None
     suite_sha256: str
     rows_planned: int
@@ -480,7 +489,7 @@ def _write_results(run: RunDir, config: LegConfig, st: _LegState,
     if st.status != "complete":
         valid, invalid = False, [f"leg {st.status}", *invalid]
     result = LegResult(
-        name=config.name, arm=config.arm, status=st.status, error=st.error,
+        name=config.name, arm=config.arm, status=LegStatus(st.status), error=st.error,
         suite_sha256=config.suite.sha256, rows_planned=len(config.suite.rows),
         summary=summary, engine=engine, ready_seconds=st.ready_s,
         wall_seconds=round(time.monotonic() - st.t0, 3), cleanup=cleanup,

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence.seal import Problem
-from tokrecord.experiment.leg import LegResult, RowRecord
+from tokrecord.experiment.leg import LegResult, LegStatus, RowRecord
 from tokrecord.experiment.stats import PairResult
 from tokrecord.gates import GateResult
 from tokrecord.identity import Identity, PackageIdentity, SourceIdentity
@@ -282,7 +282,7 @@ def _evidence(evidence: Mapping[str, Any], limit: int = EVIDENCE_MAX_CHARS) -> s
 
 
 def _gate_view(gate: GateResult) -> GateView:
-    return GateView(name=gate.name, status=gate.status.value, count=gate.count,
+    return GateView(name=gate.name, status=gate.status, count=gate.count,
                     required=gate.required, reason=gate.reason, evidence=_evidence(gate.evidence))
 
 
@@ -572,7 +572,7 @@ def _protocol(record: AnyRecord) -> tuple[Fact, ...]:
 
 
 def _attempts(record: AnyRecord) -> tuple[Attempt, ...]:
-    return tuple(Attempt(leg=a.leg, attempt=a.attempt, status=a.status, valid=a.valid,
+    return tuple(Attempt(leg=a.leg, attempt=a.attempt, status=LegStatus(a.status), valid=a.valid,
                          error=a.error) for a in record.attempts)
 
 

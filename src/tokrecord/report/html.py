@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from html import escape
 
 from tokrecord import __version__
+from tokrecord.gates import GateStatus
 
 from . import charts, fmt
 from .model import Analysis, Fact, GateView, Kind, LegView, Power, ReportData
@@ -222,11 +223,11 @@ def _gate_count(gates: Sequence[GateView], name: str) -> str:
     g = next((g for g in gates if g.name == name), None)
     if g is None:
         return fmt.DASH
-    return g.count or g.status if g.status == "pass" else g.status
+    return g.count or g.status if g.status is GateStatus.PASS else g.status
 
 
 def _gates_passed(leg: LegView) -> str:
-    passed = sum(1 for g in leg.gates if g.status == "pass")
+    passed = sum(1 for g in leg.gates if g.status is GateStatus.PASS)
     return f"{passed}/{len(leg.gates)}"
 
 

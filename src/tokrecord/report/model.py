@@ -14,6 +14,9 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tokrecord.experiment.leg import LegStatus
+from tokrecord.gates import GateStatus
+
 SCHEMA_REPORT: Final = "tokrecord.report-data/v1"
 
 
@@ -113,7 +116,7 @@ class TelemetryView(_Frozen):
 
 class GateView(_Frozen):
     name: str
-    status: str  # pass | fail | not tested
+    status: GateStatus
     count: str | None
     required: bool
     reason: str
@@ -131,7 +134,7 @@ class LegView(_Frozen):
     arm: str
     attempt: int
     run_dir: str  # relative to the report's directory
-    status: str
+    status: LegStatus
     valid: bool
     invalid_reasons: tuple[str, ...] = ()
     error: str | None = None
@@ -290,7 +293,7 @@ class Verification(_Frozen):
 class Attempt(_Frozen):
     leg: str
     attempt: int
-    status: str
+    status: LegStatus
     valid: bool | None
     error: str | None = None
 

@@ -14,10 +14,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from tokrecord.gates import GateStatus
+
 from . import fmt
 from .model import Analysis, Kind, LegView, Power, ReportData
 
-_STYLE = {"pass": "green", "fail": "bold red", "not tested": "yellow"}
 _VERDICT_STYLE = {"FASTER": "bold green", "SLOWER": "bold red", "UNDECIDED": "bold yellow",
                   "NO DIFFERENCE": "bold", "VALID": "bold green", "NOT VALID": "bold red",
                   "RECORD": "bold green"}
@@ -135,12 +136,12 @@ def gates_text(d: ReportData) -> str:
     if not cells:
         return "no gates recorded"
     names = {g.name for _, g in cells}
-    passed = sum(1 for _, g in cells if g.status == "pass")
+    passed = sum(1 for _, g in cells if g.status is GateStatus.PASS)
     head = (f"{len(names)} gates x {len(d.legs)} leg{'s' if len(d.legs) > 1 else ''}: "
             f"{passed}/{len(cells)} pass")
     issues = []
     for name in sorted(names, key=lambda n: [g.name for _, g in cells].index(n)):
-        bad = [(leg, g) for leg, g in cells if g.name == name and g.status != "pass"]
+        bad = [(leg, g) for leg, g in cells if g.name == name and g.status is not GateStatus.PASS]
         if bad:
             where = ", ".join(f"{leg} {g.status}" + (f" {g.count}" if g.count else "") for leg, g in bad)
             issues.append(f"{fmt.gate_label(name)}: {where}")
@@ -169,8 +170,8 @@ def _leg_cells(leg: LegView) -> list[str]:
     s = leg.speculative
     exact = next((g for g in leg.gates if g.name == "teacher_exact"), None)
     exact_text = fmt.DASH if exact is None else (exact.count or exact.status
-                                                 if exact.status == "pass" else exact.status)
-    passed = sum(1 for g in leg.gates if g.status == "pass")
+                                                 if exact.status is GateStatus.PASS else exact.status)
+    passed = sum(1 for g in leg.gates if g.status is GateStatus.PASS)
     return [leg.name, leg.arm, fmt.num(leg.tok_s), fmt.num(leg.p10), fmt.num(leg.ttft_ms, 1),
             fmt.num(s.acceptance_rate, 3) if s else fmt.DASH,
             fmt.num(s.emitted_per_cycle, 2) if s else fmt.DASH, exact_text,
@@ -304,7 +305,7 @@ def render_markdown(d: ReportData) -> str:
         names += [g.name for g in leg.gates if g.name not in names]
     if names:
         cells = sum(len(leg.gates) for leg in d.legs)
-        passed = sum(1 for leg in d.legs for g in leg.gates if g.status == "pass")
+        passed = sum(1 for leg in d.legs for g in leg.gates if g.status is GateStatus.PASS)
         out += ["", f"<details><summary>Quality gates: {passed}/{cells} pass</summary>", ""]
         rows = []
         for name in names:
