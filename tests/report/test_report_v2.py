@@ -11,8 +11,11 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +248,20 @@ def test_v1_record_keeps_the_paired_bootstrap() -> None:
     assert section(page, "abba").count("<svg") == 2  # legs in order, the interval (as before)
     assert "bootstrap samples" in section(page, "abba")
     assert d.headline.note == "the lower of the two candidate legs, as the record gate uses it"
+
+
+def test_a_v1_record_verifies_and_reports_from_the_cli(tmp_path: Path) -> None:
+    copy = tmp_path / "v1"
+    shutil.copytree(V1, copy)
+    checked = load_report(copy).verification
+    assert checked.checked and checked.ok, checked.problems
+    env = {"COLUMNS": "120", "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TERM": "dumb"}
+    proc = subprocess.run([sys.executable, "-m", "tokrecord", "report", str(copy)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "verified" in proc.stdout and "NOT verified" not in proc.stdout
+    assert "paired bootstrap" in (tmp_path / "v1.report.md").read_text()
+    assert (tmp_path / "v1.report.html").stat().st_size > 0
 
 
 def test_a_v1_record_sealed_before_the_probes_is_read_by_its_schema_id() -> None:
