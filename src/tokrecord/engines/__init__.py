@@ -17,7 +17,6 @@ from .base import (
     Limitation,
     Parsed,
     StreamParser,
-    argv_matches,
 )
 from .llamacpp import LlamaCppEngine
 from .openai import OpenAIEngine
@@ -28,7 +27,7 @@ ENGINES: dict[EngineName, Engine] = {
     e.name: e for e in (VllmEngine(), LlamaCppEngine(), SglangEngine(), OpenAIEngine())
 }
 # The packaged fake server says which engine it imitates with --dialect.
-_FAKE_MODULE = "tokrecord.server.fake"
+FAKE_MODULE = "tokrecord.server.fake"
 
 
 def engine_for(name: EngineName | str) -> Engine:
@@ -57,21 +56,22 @@ def fill_endpoint(data: Any, argv: Sequence[str] | None) -> Any:
 
 
 def infer_engine(argv: Sequence[str]) -> EngineName:
-    """The engine an argv starts: a known marker in it, else a generic OpenAI server."""
-    if _FAKE_MODULE in argv:
+    """The engine an argv starts: the first token that names one (its program or its
+    Python module), else a generic OpenAI server."""
+    if FAKE_MODULE in argv:
         if "--dialect" in argv[:-1]:
             return EngineName(argv[list(argv).index("--dialect") + 1])
         return EngineName.VLLM
-    # Most specific first: a vLLM argv may name a llama-named model, not the reverse.
-    for name in (EngineName.VLLM, EngineName.SGLANG, EngineName.LLAMA_CPP):
-        engine = ENGINES.get(name)
-        if engine is not None and argv_matches(argv[:3], engine.argv_markers):
-            return name
+    for token in argv:
+        for engine in ENGINES.values():
+            if engine.runs(token):
+                return engine.name
     return EngineName.OPENAI
 
 
 __all__ = [
     "ENGINES",
+    "FAKE_MODULE",
     "CountSource",
     "Endpoint",
     "Engine",

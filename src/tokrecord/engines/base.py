@@ -10,7 +10,7 @@ running server through the client the caller passes in.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple, Protocol
@@ -151,7 +151,15 @@ class Engine:
     # Python distributions whose versions identify the engine (from its interpreter).
     packages: tuple[str, ...] = ()
     # Substrings of an argv that name this engine (for inference when a plan omits it).
-    argv_markers: tuple[str, ...] = ()
+    # How an argv names this engine (for inference when a plan does not): a program
+    # (a token's file name) or a Python module (`-m vllm.entrypoints...`).
+    programs: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+
+    def runs(self, token: str) -> bool:
+        base = token.rsplit("/", 1)[-1]
+        return base in self.programs or any(token == m or token.startswith(m + ".")
+                                            for m in self.modules)
 
     # Where a running server states its version and build (None: nowhere); asked once
     # per leg after readiness, never a generation.
@@ -189,8 +197,3 @@ class Engine:
         if not isinstance(payload, dict):
             return None
         return {str(m.get("id")) for m in payload.get("data", []) if isinstance(m, dict)}
-
-
-def argv_matches(argv: Sequence[str], markers: Sequence[str]) -> bool:
-    joined = " ".join(argv).lower()
-    return any(m in joined for m in markers)

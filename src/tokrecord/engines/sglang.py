@@ -159,7 +159,8 @@ class SglangEngine(Engine):
     # Its own warmup generation would precede row 0; /metrics needs --enable-metrics.
     required_args = ("--skip-server-warmup", "--enable-metrics")
     packages = ("sglang",)
-    argv_markers = ("sglang",)
+    programs = ("sglang",)
+    modules = ("sglang",)
     cached_tokens_hint = ("meta_info.cached_tokens (SGLang's native /generate stream; its "
                           "OpenAI endpoints report cached tokens only with --enable-cache-report)")
     generation_line = SGLANG_GENERATION_LINE

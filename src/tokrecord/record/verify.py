@@ -42,6 +42,7 @@ from tokrecord.metrics import parse_counters, row_metrics
 from tokrecord.probes.idle import IdleResult
 from tokrecord.probes.telemetry import read_samples
 from tokrecord.record.build import build_record
+from tokrecord.record.schema import ADDED_LATER
 from tokrecord.server.process import CleanupReport
 from tokrecord.suite import Suite, parse_suite
 
@@ -51,10 +52,8 @@ _VOLATILE = frozenset({"run_dir", "root", "date", "seal", "portable_sealed_evide
 # Added with the probes (idle gates, telemetry, hardware). Evidence sealed by an
 # earlier tokrecord has none of them and must still verify: when the recorded
 # file lacks one, it is not a difference.
-_ADDED_LATER = frozenset({
-    "telemetry", "hardware", "idle_before", "idle_after", "idle_before_and_after_all_legs",
-    "same_hardware_all_legs", "prestart_idle_seconds", "poststop_idle_seconds",
-    "prestart_idle_snapshots", "poststop_idle_snapshots", "idle_passed"})
+# The record's keys are schema.ADDED_LATER; a leg summary's idle gates came with them.
+_ADDED_LATER = ADDED_LATER | {"idle_before", "idle_after"}
 
 
 def _rel(path: Path, base: Path) -> str:

