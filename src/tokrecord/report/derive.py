@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from tokrecord.engines import EngineName, engine_for
 from tokrecord.errors import ConfigError
 from tokrecord.evidence.seal import Problem
 from tokrecord.experiment.leg import LegResult, LegStatus, RowRecord
@@ -24,6 +25,7 @@ from tokrecord.experiment.stats import PairResult
 from tokrecord.gates import GateResult
 from tokrecord.identity import Identity, PackageIdentity, SourceIdentity
 from tokrecord.metrics import FORMULAS, Convention
+from tokrecord.metrics.engine import VLLM_METRICS
 from tokrecord.record.schema import (
     AbbaRecord,
     AnyRecord,
@@ -61,7 +63,6 @@ from .model import (
     Verification,
 )
 
-PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 # Inter-token interval bins: 10 per decade from 0.01 ms to 100 s, shared by every leg.
 INTERVAL_EDGES_MS: tuple[float, ...] = tuple(10 ** (k / 10) for k in range(-20, 51))
 TIMELINE_MAX_POINTS = 2000
@@ -167,23 +168,25 @@ def timeline(record: RowRecord, leg: str, arm: str,
 # --------------------------------------------------------------------------- engine counters
 
 
-def accepted_per_position(before: str | None, after: str | None) -> tuple[int, ...] | None:
-    """Accepted draft tokens per draft position over the suite (vLLM exposes them as
-    `..._per_pos_total{position="i"}`), summed over engines; None when not exposed."""
-    if after is None:
+def accepted_per_position(before: str | None, after: str | None,
+                          name: str | None = VLLM_METRICS.spec_accepted_per_position
+                          ) -> tuple[int, ...] | None:
+    """Accepted draft tokens per draft position over the suite (vLLM and llama.cpp expose
+    them as `..._per_pos_total{position="i"}`), summed over engines; None when not exposed."""
+    if after is None or name is None:
         return None
-    end, start = _per_position(after), _per_position(before or "")
+    end, start = _per_position(after, name), _per_position(before or "", name)
     if not end:
         return None
     return tuple(round(end.get(i, 0.0) - start.get(i, 0.0)) for i in range(max(end) + 1))
 
 
-def _per_position(text: str) -> dict[int, float]:
+def _per_position(text: str, name: str) -> dict[int, float]:
     out: dict[int, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == PER_POSITION and "position" in sample.labels:
+                if sample.name == name and "position" in sample.labels:
                     pos = int(sample.labels["position"])
                     out[pos] = out.get(pos, 0.0) + float(sample.value)
     except ValueError:
@@ -202,7 +205,10 @@ def speculative(result: LegResult, metrics_before: str | None,
         draft_cycles=e.draft_cycles, draft_tokens=e.draft_tokens,
         accepted_draft_tokens=e.accepted_draft_tokens, acceptance_rate=e.draft_acceptance_rate,
         emitted_per_cycle=e.emitted_tokens_per_draft_cycle, aggregate_cycle_ms=e.aggregate_cycle_ms,
-        accepted_per_position=accepted_per_position(metrics_before, metrics_after),
+        # A summary from before engines were named is vLLM's.
+        accepted_per_position=accepted_per_position(
+            metrics_before, metrics_after,
+            engine_for(result.engine_name or EngineName.VLLM).metrics.spec_accepted_per_position),
     )
 
 
