@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.status import Status
 from rich.table import Table
 
@@ -467,8 +468,6 @@ class RichReportObserver:
     re-hashes every file and re-parses every raw event, which takes a while on big legs)."""
 
     def __init__(self, console: Console) -> None:
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
         self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
                                   TimeElapsedColumn(), console=console, transient=True,
                                   disable=not console.is_terminal)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Final
 
@@ -227,8 +228,6 @@ def gguf_spec(model_dir: Path) -> dict[str, Any]:
 
 
 def _gguf_version() -> str:
-    from importlib.metadata import version
-
     return version("gguf")
 
 

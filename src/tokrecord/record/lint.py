@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+from scipy import stats as sps
 
 from tokrecord.experiment.plan import abba_design, abba_pairs
 from tokrecord.experiment.stats import ANALYSIS_METHOD, abba_df, fit_legs, verdict
@@ -432,8 +433,6 @@ def _lint_record_interval(lint: _Linter, va: Mapping[str, Any], lo: float, mid: 
 
 def _recompute_analysis(lint: _Linter, names: list[str], values: list[float | None],
                         va: Mapping[str, Any]) -> None:
-    from scipy import stats as sps
-
 
     conf = _num(va.get("confidence"))
     if conf is None or any(v is None for v in values):

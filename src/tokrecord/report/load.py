@@ -125,7 +125,7 @@ def load_leg(run_dir: Path, base: Path, *, name: str | None = None,
     try:
         result = LegResult.model_validate(_read_json(run_dir / layout.SUMMARY))
     except ValueError as exc:
-        raise ConfigError(f"{run_dir / 'summary.json'}: not a leg summary: {exc}") from exc
+        raise ConfigError(f"{run_dir / layout.SUMMARY}: not a leg summary: {exc}") from exc
     warnings: list[str] = []
     rows: list[RowRecord] = []
     if (run_dir / layout.ROWS).exists():

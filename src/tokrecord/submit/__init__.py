@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from tokrecord.submit.facts import RecordFacts, SubmitError, load_facts
@@ -21,8 +22,6 @@ __all__ = ["TARGETS", "ApiKey", "PayloadOptions", "RecordFacts", "SubmitError", 
 
 
 def _localmaxxing(url: str | None) -> Target:
-    import os
-
 
     return LocalMaxxing(url or os.environ.get(URL_ENV) or DEFAULT_URL)
 
