@@ -533,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
 # Commands defined in their own modules register themselves on `app` when imported.
 from . import plan as _plan  # noqa: E402,F401
 from . import probe as _probe  # noqa: E402,F401
+from . import reaccount as _reaccount  # noqa: E402,F401
 from . import report as _report  # noqa: E402
 from . import submit as _submit  # noqa: E402,F401
 
