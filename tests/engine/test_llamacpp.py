@@ -100,3 +100,10 @@ def test_record_verdict_verifies_and_lints(
     assert verify_dir(exp_dir) == []
     assert lint_record(json.loads((exp_dir / "record.json").read_text())) == []
     assert any(p.startswith("xllamacpp/") for p in record["source"]["native_modules"]["engine"])
+    facts = record["server_log_facts"]
+    for leg in LEGS:
+        assert facts[leg]["build_info"]["value"] == "b0-unknown"
+        assert facts[leg]["n_threads"]["value"] == 1 and facts[leg]["n_slots"]["value"] == 1
+        assert facts[leg]["graphs_reused"]["value"] > 0
+    # One draft-acceptance line per request on the speculative legs, none on the plain ones.
+    assert [facts[leg]["draft_acceptance_lines"]["value"] for leg in LEGS] == [0, 13, 13, 0]

@@ -45,6 +45,8 @@ def fill_endpoint(data: Any, argv: Sequence[str] | None) -> Any:
     give the same object (and a vLLM plan the same hash as before engines existed)."""
     if not isinstance(data, dict) or data.get("endpoint") is not None:
         return data
+    if not isinstance(argv, list | tuple) or not all(isinstance(t, str) for t in argv):
+        argv = None  # a malformed argv: the model's own validation names it
     name = data.get("engine")
     if name is None and argv is None:
         return data

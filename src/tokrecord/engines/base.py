@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Protocol
 
 from tokrecord.errors import StreamError
 from tokrecord.metrics.engine import MetricNames
+from tokrecord.metrics.logfacts import LogExtractor
 from tokrecord.suite import SuiteRow
 
 DONE = "[DONE]"
@@ -134,6 +135,8 @@ class Engine:
     ready_paths: tuple[str, ...] = ("/health", "/v1/models")
     models_listed: bool = True
     metrics: MetricNames = MetricNames()
+    # Facts every leg of this engine reads from its server log (plans add their own).
+    log_facts: tuple[LogExtractor, ...] = ()
     # Server arguments that switch every cache off. The demo plans pass them; a user's
     # argv is never changed behind their back: the cached-tokens gate proves either way.
     no_cache_args: tuple[str, ...] = ()

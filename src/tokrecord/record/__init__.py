@@ -242,6 +242,34 @@ def abba_record(
     out["treatment"] = {name: arm.model_dump(mode="json") for name, arm in plan.arms.items()}
     out["verdict_analysis"] = analysis.model_dump(mode="json") if analysis else None
     out["power"] = dict(power) if power is not None else None
+    out["server_log_facts"] = {name: server_log_facts(r) for name, r in results.items()}
+    return out
+
+
+def server_log_facts(result: LegResult) -> dict[str, dict[str, Any]]:
+    """The leg's log facts by name: value, lines found, and the value per rank."""
+    return {f.name: f.model_dump(mode="json", exclude={"name"}) for f in result.log_facts}
+
+
+# The seeds' graph section, from the engine's log facts. What no fact reports stays None
+# and is listed, never guessed.
+_GRAPH_FROM_FACTS = {"mode": "compilation_mode", "cudagraph_mode": "cudagraph_mode",
+                     "capture_sizes": "cudagraph_capture_sizes",
+                     "max_capture_size": "max_cudagraph_capture_size",
+                     "graphs_reused": "graphs_reused"}
+_GRAPH_NOT_LOGGED = ("graphs_per_rank", "eager_breaks_per_rank", "rank_replays")
+
+
+def graph_facts(result: LegResult) -> dict[str, Any]:
+    facts = {f.name: f for f in result.log_facts}
+    out: dict[str, Any] = {key: facts[name].value if name in facts and facts[name].found
+                           else None for key, name in _GRAPH_FROM_FACTS.items()}
+    captures = facts.get("graph_captures")
+    # A rank that captured graphs logs "Graph capturing finished" once.
+    out["rank_captures"] = (sum(1 for n in captures.per_rank.values() if n)
+                            if captures is not None else None)
+    out.update(dict.fromkeys(_GRAPH_NOT_LOGGED))
+    out["not_reported"] = sorted(k for k, v in out.items() if v is None)
     return out
 
 
@@ -395,6 +423,8 @@ def single_leg_record(
         "valid": result.valid,
         "attempts": list(attempts),
         "log_facts": log_facts({"B1": result}),
+        "server_log_facts": server_log_facts(result),
+        "graph": graph_facts(result),
         "operational": operational({"B1": result}, {}),
         "reproducibility": reproducibility(facts.root),
         "sha256": facts.evidence_sha256[result.name],

@@ -419,6 +419,31 @@ class AbbaProtocolV2(AbbaProtocol):
     pairs: list[PairName]
 
 
+class LogFactFound(_Section):
+    value: Any
+    found: NonNegativeInt
+    per_rank: dict[str, Any]
+
+
+# Added with the engine adapters: records sealed before have none (a reader sees None).
+ADDED_WITH_ENGINES: Final = frozenset({"server_log_facts", "graph"})
+
+
+class GraphFacts(_Section):
+    """Graph compilation and capture, as the server logged them (per rank where it does)."""
+
+    mode: str | None
+    cudagraph_mode: str | None
+    capture_sizes: list[int] | None
+    max_capture_size: int | None
+    graphs_reused: int | None  # llama.cpp: graphs reused over the server's life
+    rank_captures: NonNegativeInt | None
+    graphs_per_rank: int | None
+    eager_breaks_per_rank: int | None
+    rank_replays: int | None
+    not_reported: list[str]
+
+
 class ExperimentRecordV2(_ExperimentCommon):
     """``tokrecord.experiment-record/v2``: ABBA (or A/A) over k blocks, with the leg-level
     verdict (``verdict_analysis``) and the preregistered power."""
@@ -430,6 +455,7 @@ class ExperimentRecordV2(_ExperimentCommon):
     pair_results: dict[PairName, PairResult]
     verdict_analysis: VerdictAnalysis | None
     power: PowerReport | None  # when the plan declared min_effect_pct
+    server_log_facts: dict[AnyLegName, dict[str, LogFactFound]] | None = None
 
     def runs_by_name(self) -> dict[str, LegBlock]:
         return self.runs
@@ -496,6 +522,8 @@ class SingleLegRecord(_Record):
     valid: bool
     attempts: list[Attempt]
     log_facts: dict[str, list[LogFact]]
+    server_log_facts: dict[str, LogFactFound] | None = None
+    graph: GraphFacts | None = None
     operational: Operational
     reproducibility: Reproducibility
     sha256: EvidenceHashes
@@ -531,7 +559,9 @@ def validate_record(obj: Mapping[str, Any], *, source: str = "record",
         record = RECORD_ADAPTER.validate_json(text, strict=True)
     except ValidationError as exc:
         raise ConfigError(_describe(source, obj, exc.errors())) from exc
-    later = ADDED_LATER if sealed_before_probes_ok and isinstance(record, _V1_MODELS) else frozenset()
+    later: frozenset[str] = frozenset()
+    if sealed_before_probes_ok:  # a reader's view of evidence sealed by an older tokrecord
+        later = ADDED_WITH_ENGINES | (ADDED_LATER if isinstance(record, _V1_MODELS) else later)
     missing = _first_unset(record, (), later)
     if missing is not None:
         raise ConfigError(f"{source}: key '{_dotted(missing)}': Field required")

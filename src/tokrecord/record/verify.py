@@ -39,10 +39,11 @@ from tokrecord.experiment.plan import Plan
 from tokrecord.gates.teacher import load_teacher
 from tokrecord.identity import sha256_file
 from tokrecord.metrics import parse_counters, row_metrics
+from tokrecord.metrics.logfacts import extract_log_facts
 from tokrecord.probes.idle import IdleResult
 from tokrecord.probes.telemetry import read_samples
 from tokrecord.record.build import build_record
-from tokrecord.record.schema import ADDED_LATER
+from tokrecord.record.schema import ADDED_LATER, ADDED_WITH_ENGINES
 from tokrecord.server.process import CleanupReport
 from tokrecord.suite import Suite, parse_suite
 
@@ -53,7 +54,7 @@ _VOLATILE = frozenset({"run_dir", "root", "date", "seal", "portable_sealed_evide
 # earlier tokrecord has none of them and must still verify: when the recorded
 # file lacks one, it is not a difference.
 # The record's keys are schema.ADDED_LATER; a leg summary's idle gates came with them.
-_ADDED_LATER = ADDED_LATER | {"idle_before", "idle_after"}
+_ADDED_LATER = ADDED_LATER | ADDED_WITH_ENGINES | {"idle_before", "idle_after"}
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -192,12 +193,17 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
                                telemetry.model_dump(mode="json", by_alias=True)
                                if telemetry else None, "telemetry"):
         problems.append(Problem(file=summary_file, field=field, message=message))
+    server_log = log.read_text(errors="replace") if log.exists() else ""
     gates = evaluate_gates(
         records, config, engine, cleanup, teacher,
         requests=[e for e in events if e.get("kind") == "request"], metrics_before=before,
-        server_log=log.read_text(errors="replace") if log.exists() else "",
-        idle=None if legacy else idle,
+        server_log=server_log, idle=None if legacy else idle,
     )
+    if "log_facts" in summary_raw:  # a summary written before log facts has none
+        facts = extract_log_facts(server_log, config.extractors)
+        for field, message in diff(summary_raw["log_facts"],
+                                   [f.model_dump(mode="json") for f in facts], "log_facts"):
+            problems.append(Problem(file=summary_file, field=field, message=message))
     if gates_raw is not None:
         for field, message in diff(gates_raw.get("gates"),
                                    [g.model_dump(mode="json") for g in gates], "gates"):
