@@ -146,6 +146,10 @@ def test_counter_deltas_with_sglang_names() -> None:
     assert counters.draft_cycles == 39
     assert counters.draft_tokens is None and counters.accepted_draft_tokens is None
     assert counters.prefix_cache_hits == 12 and counters.prefix_cache_queries == 91
-    # The counter appears only once a request had cached tokens: none means no hits.
+    # The counter appears only once a request had cached tokens: while its collector's
+    # prompt-token counter is there, its absence means no hits...
     del after["sglang:cached_tokens_total"]
+    assert engine_counters({}, after, [], engine_for("sglang").metrics).prefix_cache_hits == 0
+    # ...and without that witness it means the server does not expose it.
+    del after["sglang:prompt_tokens_total"]
     assert engine_counters({}, after, [], engine_for("sglang").metrics).prefix_cache_hits is None

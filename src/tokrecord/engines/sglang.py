@@ -41,7 +41,6 @@ from .base import (
     Endpoint,
     Engine,
     EngineName,
-    Limitation,
     Parsed,
     StreamParser,
     error_event,
@@ -59,6 +58,8 @@ SGLANG_METRICS = MetricNames(
     # Every finished request's prompt tokens, cached or not: what the cache was asked.
     prefix_queries="sglang:prompt_tokens_total",
     generation=("sglang:num_requests_total", "sglang:generation_tokens_total"),
+    # Both come from the tokenizer's collector; prompt tokens move on every request.
+    absent_means_zero=(("sglang:cached_tokens_total", "sglang:prompt_tokens_total"),),
 )
 
 # uvicorn's access line for one generation request: `INFO: 127.0.0.1:40000 - "POST
@@ -168,14 +169,6 @@ class SglangEngine(Engine):
     # as /get_server_info, which 2026's still answer, deprecated.
     version_path = "/server_info"
     version_keys = ("version",)
-    limitations = (
-        Limitation("cached_tokens_zero",
-                   "SGLang writes sglang:cached_tokens_total only once a request had cached "
-                   "tokens (prometheus multiprocess mode), so a suite without hits shows no "
-                   "counter to read; the rows' meta_info.cached_tokens (native endpoint) or "
-                   "usage.prompt_tokens_details (OpenAI endpoints with --enable-cache-report) "
-                   "are the per-row proof"),
-    )
 
     def default_endpoint(self) -> Endpoint:
         return Endpoint.NATIVE

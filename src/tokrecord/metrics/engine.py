@@ -37,6 +37,10 @@ class MetricNames:
     # Counters that are non-zero once the server has generated anything (the
     # no-warmup gate reads them before row 0).
     generation: tuple[str, ...] = ()
+    # Counters an engine writes only once incremented, each with a witness from the same
+    # collector: when the witness is there, the counter's absence means zero; without
+    # the witness it means "not exposed".
+    absent_means_zero: tuple[tuple[str, str], ...] = ()
 
 
 VLLM_METRICS = MetricNames(
@@ -85,7 +89,11 @@ class EngineCounters(SpeculativeCounters):
 
 
 def _delta(before: Mapping[str, float], after: Mapping[str, float],
-           name: str | None) -> int | None:
+           name: str | None, names: MetricNames | None = None) -> int | None:
+    if name is not None and name not in after and names is not None:
+        witness = dict(names.absent_means_zero).get(name)
+        if witness is not None and witness in after:
+            return 0
     if name is None or name not in after:
         return None
     return round(after[name] - before.get(name, 0.0))
@@ -111,9 +119,9 @@ def engine_counters(
     decode_seconds_per_row: Sequence[float],
     names: MetricNames = VLLM_METRICS,
 ) -> EngineCounters:
-    cycles = _delta(before, after, names.spec_drafts)
-    drafts = _delta(before, after, names.spec_draft_tokens)
-    accepted = _delta(before, after, names.spec_accepted)
+    cycles = _delta(before, after, names.spec_drafts, names)
+    drafts = _delta(before, after, names.spec_draft_tokens, names)
+    accepted = _delta(before, after, names.spec_accepted, names)
     return EngineCounters(
         draft_cycles=cycles,
         draft_tokens=drafts,
@@ -127,6 +135,6 @@ def engine_counters(
         aggregate_cycle_ms=(
             aggregate_cycle_ms(decode_seconds_per_row, cycles) if cycles else None
         ),
-        prefix_cache_hits=_delta(before, after, names.prefix_hits),
-        prefix_cache_queries=_delta(before, after, names.prefix_queries),
+        prefix_cache_hits=_delta(before, after, names.prefix_hits, names),
+        prefix_cache_queries=_delta(before, after, names.prefix_queries, names),
     )
