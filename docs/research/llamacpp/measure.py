@@ -42,7 +42,7 @@ def sse_events(resp: httpx.Response):
                     yield t, "#comment " + line.decode()
 
 
-argv = [PY, str(HERE / "xllamacpp_server.py"), "-m", GGUF, "--host", "127.0.0.1", "--port", str(port),
+argv = [PY, str(HERE.parents[2] / "src" / "tokrecord" / "data" / "llama_server.py"), "-m", GGUF, "--host", "127.0.0.1", "--port", str(port),
         "-t", "1", "-np", "1", "--metrics", *extra]
 log = open(HERE / f"{label}.server.log", "w")
 t0 = time.perf_counter()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from tokrecord.engines import Endpoint, EngineName
 from tokrecord.experiment.plan import Arm, Design, Plan, ServerPlan
@@ -49,6 +50,14 @@ def arm_log_rules(arm: str) -> tuple[LogRule, ...]:
 DEMO_IDLE = IdleCriteria(interval_s=1.0, consecutive=5, timeout_s=300, host_cpu_max_pct=50)
 
 
+def _demo_common(rows: int | None, idle_gap_s: float) -> dict[str, Any]:
+    """What both demo plans share: the teacher from the plain arm, the idle criteria,
+    half-second telemetry and the suite's declared context limits."""
+    return {"suite_rows": rows, "teacher": "capture", "idle_gap_s": idle_gap_s,
+            "idle": DEMO_IDLE, "telemetry": TelemetryConfig(interval_s=0.5),
+            "gates": GateConfig(long_context_threshold=800, rollover_boundary=1024)}
+
+
 def demo_plan(python: Path, model_dir: Path, *, rows: int | None = None,
               idle_gap_s: float = 5.0) -> Plan:
     """The embedded ABBA: control plain, candidate ngram speculative decoding."""
@@ -65,12 +74,7 @@ def demo_plan(python: Path, model_dir: Path, *, rows: int | None = None,
                 log_rules=arm_log_rules("ngram"),
             ),
         },
-        suite_rows=rows,
-        teacher="capture",
-        idle_gap_s=idle_gap_s,
-        idle=DEMO_IDLE,
-        telemetry=TelemetryConfig(interval_s=0.5),
-        gates=GateConfig(long_context_threshold=800, rollover_boundary=1024),
+        **_demo_common(rows, idle_gap_s),
         # The engine's compiled kernels, hashed: the bytes that actually ran.
         identity=IdentitySpec(native_globs={"engine": ["vllm/**/*.so"]}),
         notes="tokrecord demo: a tiny random Llama on vLLM CPU",
@@ -120,12 +124,7 @@ def demo_plan_llamacpp(python: Path, gguf: Path, *, rows: int | None = None,
             "candidate": Arm(description="ngram-simple speculative decoding (n=3, m=4)",
                              extra_args=LLAMACPP_NGRAM_ARGS, log_rules=llamacpp_log_rules("ngram")),
         },
-        suite_rows=rows,
-        teacher="capture",
-        idle_gap_s=idle_gap_s,
-        idle=DEMO_IDLE,
-        telemetry=TelemetryConfig(interval_s=0.5),
-        gates=GateConfig(long_context_threshold=800, rollover_boundary=1024),
+        **_demo_common(rows, idle_gap_s),
         identity=IdentitySpec(native_globs={"engine": ["xllamacpp/**/*.so"]}),
         notes="tokrecord demo: a tiny random Llama (GGUF) on llama.cpp's server, CPU, 1 thread",
     )

@@ -175,12 +175,17 @@ class Engine:
             return {}
         return {k: str(payload[k]) for k in self.version_keys if payload.get(k) is not None}
 
+    # The engine's own generation API (Endpoint.NATIVE), which is then its default.
+    native_path: str | None = None
+
     def path(self, endpoint: Endpoint) -> str:
         if endpoint is Endpoint.CHAT:
             return "/v1/chat/completions"
         if endpoint is Endpoint.COMPLETIONS:
             return "/v1/completions"
-        raise StreamError(f"{self.name}: has no native generation API; use completions or chat")
+        if self.native_path is None:
+            raise StreamError(f"{self.name}: has no native generation API; use completions or chat")
+        return self.native_path
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -190,7 +195,7 @@ class Engine:
         raise NotImplementedError
 
     def default_endpoint(self) -> Endpoint:
-        return Endpoint.COMPLETIONS
+        return Endpoint.COMPLETIONS if self.native_path is None else Endpoint.NATIVE
 
     def limitation(self, gate: str) -> str | None:
         return next((x.reason for x in self.limitations if x.gate == gate), None)

