@@ -105,5 +105,11 @@ def test_record_verdict_verifies_and_lints(
         assert facts[leg]["build_info"]["value"] == "b0-unknown"
         assert facts[leg]["n_threads"]["value"] == 1 and facts[leg]["n_slots"]["value"] == 1
         assert facts[leg]["graphs_reused"]["value"] > 0
+    # The arms' speculative decoding, as the argv configures it; no draft model to identify.
+    assert record["speculative"]["control"] is None
+    spec = record["speculative"]["candidate"]
+    assert (spec["method"], spec["num_speculative_tokens"], spec["source"]) == (
+        "ngram-simple", 4, "--spec-type")
+    assert spec["draft_model"] is None and spec["draft_manifest_sha256"] is None
     # One draft-acceptance line per request on the speculative legs, none on the plain ones.
     assert [facts[leg]["draft_acceptance_lines"]["value"] for leg in LEGS] == [0, 13, 13, 0]

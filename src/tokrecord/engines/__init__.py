@@ -16,6 +16,7 @@ from .base import (
     EngineName,
     Limitation,
     Parsed,
+    SpeculativeConfig,
     StreamParser,
 )
 from .llamacpp import LlamaCppEngine
@@ -80,6 +81,7 @@ __all__ = [
     "EngineName",
     "Limitation",
     "Parsed",
+    "SpeculativeConfig",
     "StreamParser",
     "engine_for",
     "fill_endpoint",

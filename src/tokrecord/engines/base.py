@@ -10,10 +10,12 @@ running server through the client the caller passes in.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple, Protocol
+
+from pydantic import BaseModel, ConfigDict
 
 from tokrecord.errors import StreamError
 from tokrecord.metrics.engine import MetricNames
@@ -118,6 +120,37 @@ def error_event(obj: Mapping[str, Any]) -> None:
         raise StreamError(f"server sent an error event: {message}")
 
 
+class SpeculativeConfig(BaseModel):
+    """Speculative decoding as the server's argv configures it (None: not given there)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: str
+    num_speculative_tokens: int | None = None
+    draft_model: str | None = None
+    draft_sample_method: str | None = None
+    rejection_sample_method: str | None = None
+    source: str  # the flags it was read from
+    notes: tuple[str, ...] = ()
+
+
+def arg_value(argv: Sequence[str], *names: str) -> str | None:
+    """The value of the last ``--name value`` / ``--name=value`` in argv (argparse semantics)."""
+    found: str | None = None
+    for i, token in enumerate(argv):
+        for name in names:
+            if token == name and i + 1 < len(argv):
+                found = argv[i + 1]
+            elif token.startswith(name + "="):
+                found = token[len(name) + 1:]
+    return found
+
+
+def int_arg(argv: Sequence[str], *names: str) -> int | None:
+    value = arg_value(argv, *names)
+    return int(value) if value is not None and value.isdigit() else None
+
+
 @dataclass(frozen=True)
 class Limitation:
     """A gate the engine cannot support: it reads "not tested" with this reason."""
@@ -196,6 +229,10 @@ class Engine:
 
     def default_endpoint(self) -> Endpoint:
         return Endpoint.COMPLETIONS if self.native_path is None else Endpoint.NATIVE
+
+    def speculative(self, argv: Sequence[str]) -> SpeculativeConfig | None:
+        """Speculative decoding configured in the server's argv; None: not configured."""
+        return None
 
     def limitation(self, gate: str) -> str | None:
         return next((x.reason for x in self.limitations if x.gate == gate), None)

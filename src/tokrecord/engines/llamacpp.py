@@ -19,7 +19,7 @@ Facts this adapter relies on, measured on llama.cpp b11434 (docs/research/llamac
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,18 @@ from tokrecord.metrics.engine import MetricNames
 from tokrecord.metrics.logfacts import LogExtractor, Reduction
 from tokrecord.suite import SuiteRow
 
-from .base import CountSource, Endpoint, Engine, EngineName, Parsed, StreamParser, error_event
+from .base import (
+    CountSource,
+    Endpoint,
+    Engine,
+    EngineName,
+    Parsed,
+    SpeculativeConfig,
+    StreamParser,
+    arg_value,
+    error_event,
+    int_arg,
+)
 from .openai import OpenAIParser, openai_body
 
 LLAMACPP_METRICS = MetricNames(
@@ -111,6 +122,19 @@ class LlamaCppEngine(Engine):
     cached_tokens_hint = "timings.cache_n (llama.cpp reports it on the native /completion stream)"
     # One per generation task, whatever the endpoint.
     generation_line = re.compile(r"launch_slot_: id +\d+ \| task \d+ \| processing task")
+
+    def speculative(self, argv: Sequence[str]) -> SpeculativeConfig | None:
+        kinds = [k for k in (arg_value(argv, "--spec-type") or "").split(",") if k and k != "none"]
+        draft = arg_value(argv, "--model-draft", "-md")
+        if not kinds and draft is None:
+            return None
+        # A draft model drafts only with a draft-* spec type; -md alone loads it idle.
+        method = ",".join(kinds) or "draft-simple (implied by -md; llama.cpp drafts nothing)"
+        ngram = next((k for k in kinds if k.startswith("ngram-")), None)
+        n = (int_arg(argv, f"--spec-{ngram}-size-m") if ngram and ngram != "ngram-mod"
+             else int_arg(argv, "--spec-draft-n-max", "--spec-ngram-mod-n-max"))
+        return SpeculativeConfig(method=method, num_speculative_tokens=n, draft_model=draft,
+                                 source="--spec-type" if kinds else "-md")
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -29,7 +29,7 @@ Facts this adapter relies on:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,8 +42,11 @@ from .base import (
     Engine,
     EngineName,
     Parsed,
+    SpeculativeConfig,
     StreamParser,
+    arg_value,
     error_event,
+    int_arg,
     no_count_error,
 )
 from .openai import OpenAIParser, openai_body
@@ -170,6 +173,15 @@ class SglangEngine(Engine):
     native_path = "/generate"
     version_path = "/server_info"
     version_keys = ("version",)
+
+    def speculative(self, argv: Sequence[str]) -> SpeculativeConfig | None:
+        algorithm = arg_value(argv, "--speculative-algorithm")
+        if algorithm is None:
+            return None
+        return SpeculativeConfig(
+            method=algorithm, source="--speculative-algorithm",
+            num_speculative_tokens=int_arg(argv, "--speculative-num-draft-tokens"),
+            draft_model=arg_value(argv, "--speculative-draft-model-path"))
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

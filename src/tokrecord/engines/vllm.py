@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tokrecord.metrics.engine import VLLM_METRICS
 from tokrecord.metrics.logfacts import LogExtractor, Reduction
 from tokrecord.suite import SuiteRow
 
-from .base import Endpoint, Engine, EngineName, StreamParser
+from .base import Endpoint, Engine, EngineName, SpeculativeConfig, StreamParser, arg_value
 from .openai import OpenAIParser, openai_body
 
 # What a row lacks when it reports no cached tokens (the cached-tokens gate's reason).
@@ -52,6 +53,29 @@ class VllmEngine(Engine):
     generation_line = VLLM_GENERATION_LINE
     version_path = "/version"
     log_facts = VLLM_LOG_FACTS
+
+    def speculative(self, argv: Sequence[str]) -> SpeculativeConfig | None:
+        raw = arg_value(argv, "--speculative-config", "--speculative_config")
+        if raw is None:
+            return None
+        try:
+            config = json.loads(raw)
+        except json.JSONDecodeError:
+            config = None
+        if not isinstance(config, dict):
+            return SpeculativeConfig(method="unknown", source="--speculative-config",
+                                     notes=("--speculative-config is not a JSON object: method "
+                                            "and tokens not recorded",))
+
+        def text(key: str) -> str | None:
+            return config[key] if isinstance(config.get(key), str) else None
+
+        n = config.get("num_speculative_tokens")
+        return SpeculativeConfig(
+            method=text("method") or "unknown", source="--speculative-config",
+            num_speculative_tokens=n if isinstance(n, int) else None, draft_model=text("model"),
+            draft_sample_method=text("draft_sample_method"),
+            rejection_sample_method=text("rejection_sample_method"))
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -16,7 +16,15 @@ from typing import Any, Final, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tokrecord.engines import Endpoint, EngineName, fill_endpoint
+from tokrecord.engines import (
+    Endpoint,
+    Engine,
+    EngineName,
+    SpeculativeConfig,
+    engine_for,
+    fill_endpoint,
+    infer_engine,
+)
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import canonical_json
 from tokrecord.gates import GateConfig, LogRule
@@ -278,3 +286,20 @@ def load_plan(path: Path) -> Plan:
         updates["noise"] = plan.noise.model_copy(update={"from_records": tuple(
             str((base / p).resolve()) for p in plan.noise.from_records)})
     return plan.model_copy(update=updates) if updates else plan
+
+
+def plan_engine(plan: Plan) -> Engine:
+    return engine_for(plan.engine or infer_engine(plan.server.argv))
+
+
+def speculative_configs(plan: Plan) -> dict[str, SpeculativeConfig | None]:
+    """Per arm, the speculative decoding its server argv configures (None: plain)."""
+    engine = plan_engine(plan)
+    return {name: engine.speculative((*plan.server.argv, *arm.extra_args))
+            for name, arm in plan.arms.items()}
+
+
+def draft_paths(plan: Plan) -> dict[str, Path]:
+    """The arms' draft models that are local paths: their bytes are identified too."""
+    return {arm: Path(c.draft_model) for arm, c in speculative_configs(plan).items()
+            if c is not None and c.draft_model is not None and Path(c.draft_model).exists()}

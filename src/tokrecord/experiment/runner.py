@@ -37,7 +37,7 @@ from tokrecord.experiment.leg import (
     run_leg,
     teacher_from_run,
 )
-from tokrecord.experiment.plan import ArmName, Plan
+from tokrecord.experiment.plan import ArmName, Plan, draft_paths
 from tokrecord.experiment.power import plan_noise, power_report
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.identity import IdentitySpec, collect_identity
@@ -183,7 +183,8 @@ def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
             fh.write(canonical_json(report.model_dump(mode="json")) + b"\n")
         state.append("power_computed", path=POWER_FILE, min_effect_pct=plan.min_effect_pct,
                      power=report.min_effect_power, blocks=plan.blocks)
-    identity = collect_identity(_identity_spec(plan), exp_dir / layout.IDENTITY_DIR, engine_python(plan))
+    identity = collect_identity(_identity_spec(plan), exp_dir / layout.IDENTITY_DIR,
+                                engine_python(plan), draft_paths(plan))
     with open(exp_dir / layout.IDENTITY, "xb") as fh:
         fh.write(canonical_json(identity.model_dump(mode="json")) + b"\n")
     state.append("identity_collected", path="identity.json")

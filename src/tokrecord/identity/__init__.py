@@ -10,6 +10,7 @@ them all for one run and writes the source evidence files into the run directory
 from __future__ import annotations
 
 import platform
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -119,11 +120,14 @@ class Identity(BaseModel):
     native_modules: dict[str, dict[str, str]]  # env name -> {relative path: sha256}
     runtime_locks: dict[str, dict[str, str]]  # env name -> {package: version}
     model: ModelIdentity | None
+    # Per arm, the draft model its speculative decoding names (when it is a local path).
+    drafts: dict[str, ModelIdentity] = Field(default_factory=dict)
     python: str  # the harness's interpreter version
     platform: str
 
 
-def collect_identity(spec: IdentitySpec, out_dir: Path, engine_python: Path | None) -> Identity:
+def collect_identity(spec: IdentitySpec, out_dir: Path, engine_python: Path | None,
+                     drafts: Mapping[str, Path] | None = None) -> Identity:
     """Gather the identity of a run; bundles and patches of the sources go into `out_dir`.
 
     Runtime locks are taken for the harness and, when `engine_python` is given,
@@ -160,6 +164,7 @@ def collect_identity(spec: IdentitySpec, out_dir: Path, engine_python: Path | No
         native_modules=native,
         runtime_locks=dict(sorted(locks.items())),
         model=model,
+        drafts={arm: model_manifest(path) for arm, path in sorted((drafts or {}).items())},
         python=f"{platform.python_implementation()} {platform.python_version()}",
         platform=platform.platform(),
     )

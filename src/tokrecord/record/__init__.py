@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout
 from tokrecord.experiment.leg import LegResult, RowRecord
-from tokrecord.experiment.plan import Design, Plan, abba_pairs
+from tokrecord.experiment.plan import Design, Plan, abba_pairs, speculative_configs
 from tokrecord.experiment.stats import (
     AnalysisLeg,
     LegFigures,
@@ -52,6 +52,8 @@ class EvidenceFacts(BaseModel):
     identity: dict[str, Any]  # identity_summary(); {} without identity.json
     hardware: dict[str, dict[str, Any] | None]  # per leg: its hardware.json
     evidence_sha256: dict[str, dict[str, str]]  # per leg: file name -> sha256
+    # Per arm, identity.json's draft model identity (path, manifest sha256, revision).
+    drafts: dict[str, dict[str, Any]] = {}
 
 
 def figures(result: LegResult, rows: Sequence[RowRecord]) -> LegFigures:
@@ -243,6 +245,22 @@ def abba_record(
     out["verdict_analysis"] = analysis.model_dump(mode="json") if analysis else None
     out["power"] = dict(power) if power is not None else None
     out["server_log_facts"] = {name: server_log_facts(r) for name, r in results.items()}
+    out["speculative"] = speculative_section(plan, facts)
+    return out
+
+
+def speculative_section(plan: Plan, facts: EvidenceFacts) -> dict[str, dict[str, Any] | None]:
+    """Per arm, its speculative decoding as the server argv configures it, and the draft
+    model's bytes (identity.json) when it is a local path; None for a plain arm."""
+    out: dict[str, dict[str, Any] | None] = {}
+    for arm, config in speculative_configs(plan).items():
+        if config is None:
+            out[arm] = None
+            continue
+        draft = facts.drafts.get(arm) or {}
+        out[arm] = {**config.model_dump(mode="json"),
+                    "draft_manifest_sha256": draft.get("manifest_sha256"),
+                    "draft_revision": draft.get("revision")}
     return out
 
 
@@ -425,6 +443,7 @@ def single_leg_record(
         "log_facts": log_facts({"B1": result}),
         "server_log_facts": server_log_facts(result),
         "graph": graph_facts(result),
+        "speculative": speculative_section(plan, facts),
         "operational": operational({"B1": result}, {}),
         "reproducibility": reproducibility(facts.root),
         "sha256": facts.evidence_sha256[result.name],

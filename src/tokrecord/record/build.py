@@ -64,7 +64,7 @@ def finish(exp_dir: Path, record: dict[str, Any], key: SigningKey | None = None)
 def evidence_facts(exp_dir: Path, results: Mapping[str, LegResult]) -> EvidenceFacts:
     return EvidenceFacts(
         date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"), root=str(exp_dir),
-        identity=identity_summary(exp_dir),
+        identity=identity_summary(exp_dir), drafts=draft_identities(exp_dir),
         hardware={name: hardware(Path(r.run_dir)) for name, r in results.items()},
         evidence_sha256={name: evidence_hashes(Path(r.run_dir)) for name, r in results.items()})
 
@@ -82,6 +82,16 @@ def hardware(run_dir: Path) -> dict[str, Any] | None:
         return None
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return data
+
+
+def draft_identities(exp_dir: Path) -> dict[str, dict[str, Any]]:
+    """Per arm, the draft model identity.json holds (its path, manifest and revision)."""
+    path = exp_dir / layout.IDENTITY
+    if not path.exists():
+        return {}
+    drafts = json.loads(path.read_text(encoding="utf-8")).get("drafts") or {}
+    return {arm: {k: d.get(k) for k in ("path", "manifest_sha256", "revision")}
+            for arm, d in drafts.items()}
 
 
 def identity_summary(exp_dir: Path) -> dict[str, Any]:

