@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
+import hashlib
 import json
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +42,7 @@ from tokrecord.experiment.leg import (
 from tokrecord.experiment.plan import ArmName, Plan, draft_paths
 from tokrecord.experiment.power import plan_noise, power_report
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
-from tokrecord.identity import IdentitySpec, collect_identity
+from tokrecord.identity import Identity, IdentitySpec, collect_identity
 from tokrecord.suite import Suite, load_suite
 
 STATE = layout.STATE
@@ -186,9 +188,29 @@ def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
     identity = collect_identity(_identity_spec(plan), exp_dir / layout.IDENTITY_DIR,
                                 engine_python(plan), draft_paths(plan))
     with open(exp_dir / layout.IDENTITY, "xb") as fh:
-        fh.write(canonical_json(identity.model_dump(mode="json")) + b"\n")
+        fh.write(_identity_bytes(identity))
     state.append("identity_collected", path="identity.json")
     return state
+
+
+def _identity_bytes(identity: Identity) -> bytes:
+    return canonical_json(identity.model_dump(mode="json")) + b"\n"
+
+
+def check_identity(plan: Plan, exp_dir: Path) -> dict[str, Any]:
+    """Identity collected again, just before a leg, against the preregistered identity.json:
+    its sha256, whether it matches, and which of its parts changed (names, not guesses)."""
+    with tempfile.TemporaryDirectory(prefix="tokrecord-identity-") as tmp:
+        now = collect_identity(_identity_spec(plan), Path(tmp), engine_python(plan),
+                               draft_paths(plan))
+    data = _identity_bytes(now)
+    before = json.loads((exp_dir / layout.IDENTITY).read_text(encoding="utf-8"))
+    after = now.model_dump(mode="json")
+    changed = sorted(k for k in after.keys() | before.keys() if after.get(k) != before.get(k))
+    changed += sorted(f"sources.{n}" for n in (after.get("sources") or {})
+                      if (after["sources"][n] != (before.get("sources") or {}).get(n)))
+    return {"identity_sha256": hashlib.sha256(data).hexdigest(),
+            "matches_preregistered": not changed, "changed": changed}
 
 
 def engine_python(plan: Plan) -> Path | None:
@@ -213,6 +235,7 @@ def _run_attempts(
     index: int,
     total: int,
     before_run: Callable[[], None] = lambda: None,
+    identity: Callable[[], dict[str, Any]] | None = None,
 ) -> LegResult:
     """Keep a complete attempt; else mark earlier ones interrupted, wait `before_run`
     (the idle gap, measured after any orphaned server is stopped) and run a fresh one."""
@@ -227,6 +250,8 @@ def _run_attempts(
     run_dir = layout.attempt_dir(leg_dir, attempt)
     config = make_config(attempt)
     observer.leg_starting(name, config.arm, attempt, index, total)
+    if identity is not None:
+        state.append("leg_identity", leg=name, attempt=attempt, **identity())
     state.append("leg_start", leg=name, arm=config.arm, attempt=attempt, run_dir=str(run_dir))
     try:
         result = run_leg(config, run_dir, observer, teacher=teacher)
@@ -307,6 +332,7 @@ def run_experiment(
             state, exp_dir / name, functools.partial(leg_config, plan, suite, name, arm),
             obs, teacher, index, total,
             before_run=functools.partial(_honour_idle_gap, plan, state, name, obs, sleep),
+            identity=functools.partial(check_identity, plan, exp_dir),
         )
     return results
 
@@ -335,6 +361,16 @@ def attempts_log(exp_dir: Path) -> list[dict[str, Any]]:
         {k: e.get(k) for k in ("leg", "attempt", "status", "valid", "error", "run_dir")}
         for e in read_jsonl(exp_dir / STATE) if e["event"] == "leg_end"
     ]
+
+
+def leg_identities(exp_dir: Path) -> dict[str, dict[str, Any]]:
+    """Per leg, the identity check of its last attempt (the one a record counts)."""
+    out: dict[str, dict[str, Any]] = {}
+    for e in read_jsonl(exp_dir / STATE):
+        if e["event"] == "leg_identity":
+            out[e["leg"]] = {k: e[k] for k in ("identity_sha256", "matches_preregistered",
+                                               "changed")}
+    return out
 
 
 def idle_gaps(exp_dir: Path) -> dict[str, float]:

@@ -443,6 +443,7 @@ def record_gate(
     require_faster: bool,
     claim: str | None = None,
     found_label: str = "verdict",
+    more_reasons: Sequence[str] = (),
 ) -> RecordGate:
     """Strict preregistered gate: every quality gate in every leg, every pair passes, and
     the lowest candidate headline beats the prior record (and, when declared, the verdict
@@ -452,6 +453,7 @@ def record_gate(
     lower = min(cand) if len(cand) == len(candidates) and cand else None
     higher = max(cand) if cand else None
     reasons = [claim] if claim else []
+    reasons += more_reasons
     if not quality_passed:
         reasons.append("a quality gate did not pass in every leg")
     pairs_ok = bool(pairs) and all(p.passed for p in pairs)

@@ -54,6 +54,8 @@ class EvidenceFacts(BaseModel):
     evidence_sha256: dict[str, dict[str, str]]  # per leg: file name -> sha256
     # Per arm, identity.json's draft model identity (path, manifest sha256, revision).
     drafts: dict[str, dict[str, Any]] = {}
+    # Per leg, identity collected again just before it (the state log's leg_identity).
+    leg_identity: dict[str, dict[str, Any]] = {}
 
 
 def figures(result: LegResult, rows: Sequence[RowRecord]) -> LegFigures:
@@ -157,6 +159,7 @@ def abba_record(
     legs = list(results.values())
     all_valid = all(r.valid for r in legs)
     quality_ok = all_valid and cross.status is GateStatus.PASS
+    identity_ok, identity_reasons = identity_across_legs(facts.leg_identity, list(results))
     gate = record_gate(
         [figs[leg.name] for leg in design if leg.treated],
         [figs[leg.name] for leg in design if not leg.treated], list(pairs.values()), quality_ok,
@@ -164,7 +167,7 @@ def abba_record(
         claim=None if plan.design is not Design.AA
         else "an A/A design measures the noise floor; it makes no speed claim",
         found_label="verdict" if v1 else f"verdict at {100 * plan.record_confidence:g} % "
-        "confidence",
+        "confidence", more_reasons=identity_reasons,
     )
     first = rows[design[0].name]
     candidates = [results[leg.name] for leg in design if leg.treated]
@@ -246,7 +249,27 @@ def abba_record(
     out["power"] = dict(power) if power is not None else None
     out["server_log_facts"] = {name: server_log_facts(r) for name, r in results.items()}
     out["speculative"] = speculative_section(plan, facts)
+    out["quality"]["source_identity_passed_all_legs"] = identity_ok
+    for name, block in out["runs"].items():
+        block["identity_sha256"] = (facts.leg_identity.get(name) or {}).get("identity_sha256")
     return out
+
+
+def identity_across_legs(checks: Mapping[str, Mapping[str, Any]], legs: Sequence[str]
+                         ) -> tuple[bool | None, list[str]]:
+    """Whether every leg ran on the preregistered identity (None: the state log predates
+    the check), and a record-gate reason naming what changed before each leg that did not."""
+    if not any(name in checks for name in legs):
+        return None, []
+    reasons = []
+    for name in legs:
+        check = checks.get(name)
+        if check is None:
+            reasons.append(f"leg {name}: identity was not checked before it")
+        elif not check.get("matches_preregistered"):
+            changed = ", ".join(check.get("changed") or []) or "?"
+            reasons.append(f"leg {name}: the identity changed since preregistration ({changed})")
+    return not reasons, reasons
 
 
 def speculative_section(plan: Plan, facts: EvidenceFacts) -> dict[str, dict[str, Any] | None]:

@@ -23,6 +23,7 @@ from tokrecord.experiment.runner import (
     attempts_log,
     idle_gaps,
     leg_config,
+    leg_identities,
     mark_complete,
     plan_suite,
 )
@@ -65,6 +66,7 @@ def evidence_facts(exp_dir: Path, results: Mapping[str, LegResult]) -> EvidenceF
     return EvidenceFacts(
         date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"), root=str(exp_dir),
         identity=identity_summary(exp_dir), drafts=draft_identities(exp_dir),
+        leg_identity=leg_identities(exp_dir),
         hardware={name: hardware(Path(r.run_dir)) for name, r in results.items()},
         evidence_sha256={name: evidence_hashes(Path(r.run_dir)) for name, r in results.items()})
 

@@ -275,6 +275,7 @@ class LegBlock(SpeculativeCounters):
     telemetry: TelemetrySummary | None = None
     evidence_sha256: EvidenceHashes
     run_dir: str
+    identity_sha256: Sha256 | None = None  # identity just before the leg (v2)
 
 
 class AbbaRuns(_Section):
@@ -304,6 +305,8 @@ class AbbaQuality(_Section):
     all_legs_valid: bool
     retries: NonNegativeInt
     full_abba_causal_pass: bool
+    # None: the experiment predates identity checks before each leg.
+    source_identity_passed_all_legs: bool | None = None
 
 
 class AbbaArtifacts(_Section):
@@ -426,7 +429,8 @@ class LogFactFound(_Section):
 
 
 # Added with the engine adapters: records sealed before have none (a reader sees None).
-ADDED_WITH_ENGINES: Final = frozenset({"server_log_facts", "graph", "speculative"})
+ADDED_WITH_ENGINES: Final = frozenset({"server_log_facts", "graph", "speculative",
+                                       "identity_sha256", "source_identity_passed_all_legs"})
 
 
 class SpeculativeSection(_Section):
