@@ -579,7 +579,9 @@ def validate_record(obj: Mapping[str, Any], *, source: str = "record",
         record = RECORD_ADAPTER.validate_json(text, strict=True)
     except ValidationError as exc:
         raise ConfigError(_describe(source, obj, exc.errors())) from exc
-    later: frozenset[str] = frozenset()
+    # The ABBA v1 form is only ever recomputed, never written anew: it has none of the
+    # keys added with the engines.
+    later = ADDED_WITH_ENGINES if isinstance(record, ExperimentRecord) else frozenset()
     if sealed_before_probes_ok:  # a reader's view of evidence sealed by an older tokrecord
         later = ADDED_WITH_ENGINES | (ADDED_LATER if isinstance(record, _V1_MODELS) else later)
     missing = _first_unset(record, (), later)
