@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -55,12 +55,6 @@ class Parsed(NamedTuple):
     ids: list[int] | None
     text: str
     finish: str | None
-
-
-class HttpGetter(Protocol):
-    """The one call `served_models` needs (an httpx.Client satisfies it)."""
-
-    def get(self, url: str) -> Any: ...
 
 
 @dataclass
@@ -173,8 +167,8 @@ class Engine:
     # Server arguments that switch every cache off. The demo plans pass them; a user's
     # argv is never changed behind their back: the cached-tokens gate proves either way.
     no_cache_args: tuple[str, ...] = ()
-    # Other server arguments a valid leg needs, passed the same way: no generation of
-    # the engine's own before the suite (SGLang's startup warmup), counters on /metrics.
+    # Other server arguments a valid leg needs (SGLang: no warmup generation of its own
+    # before row 0, counters on /metrics); without them the gates say what is missing.
     required_args: tuple[str, ...] = ()
     # One connection per row: the server closes each streamed response's socket.
     close_after_stream: bool = False
@@ -184,7 +178,8 @@ class Engine:
     # One line per generation request in the server's log (the no-warmup gate counts
     # them); None: the log does not show requests.
     generation_line: re.Pattern[str] | None = None
-    # Python distributions whose versions identify the engine (from its interpreter).
+    # The engine's own Python distributions, in order of preference: its version is the
+    # first one in the engine environment's runtime lock.
     packages: tuple[str, ...] = ()
     # Substrings of an argv that name this engine (for inference when a plan omits it).
     # How an argv names this engine (for inference when a plan does not): a program

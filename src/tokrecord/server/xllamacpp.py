@@ -18,6 +18,7 @@ from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
+from tokrecord.engines.llamacpp import LlamaCppEngine
 from tokrecord.server.embedded import SERVED_MODEL, build_venv, cache_root, run_step, venv_python
 
 XLLAMACPP_VERSION = "2026.10.11549"
@@ -60,6 +61,6 @@ def llama_server_argv(python: Path, *, threads: int = 1,
     return [
         str(python), str(launcher()),
         "-m", "{model}", "-a", SERVED_MODEL, "--host", "{host}", "--port", "{port}",
-        "-t", str(threads), "-np", "1", "-fa", "off", "--no-cache-prompt", "--no-warmup",
+        "-t", str(threads), "-np", "1", "-fa", "off", *LlamaCppEngine.no_cache_args, "--no-warmup",
         "--metrics", "--seed", "0", "-c", "2048", *extra,
     ]

