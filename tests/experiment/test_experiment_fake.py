@@ -458,7 +458,7 @@ def test_single_design_one_candidate_leg(tmp_path: Path) -> None:
     exp = tmp_path / "exp"
     results = run_experiment(plan, exp, plan_text=path.read_bytes())
     assert list(results) == ["B1"]
-    assert sorted(p.name for p in exp.iterdir() if p.is_dir()) == ["B1", "teacher"]
+    assert sorted(p.name for p in exp.iterdir() if p.is_dir()) == ["B1", "manifests", "teacher"]
     record = build_record(plan, exp, results)
     finish(exp, record)
     assert read_record(exp) == json.loads(json.dumps(record))

@@ -48,6 +48,16 @@ TEACHER: Final = "teacher.json"
 TEACHER_LEG: Final = "teacher"
 RECORD: Final = "record.json"
 ATTEMPT_PREFIX: Final = "attempt-"
+# Profiler traces and checks of the plan's [[components]], copied at preregistration.
+COMPONENTS_DIR: Final = "components"
+COMPONENT_CHECK: Final = "check.json"
+# Portable copies of identity's model manifest (sha256sum form: its sha256 is identity's
+# manifest_sha256) and runtime locks, written at preregistration.
+MODEL_MANIFEST: Final = "manifests/model-release-files.sha256"
+RUNTIME_LOCK: Final = "manifests/runtime-lock.json"
+# Exactness documents the record hashes, written with it.
+CROSS_LEG_EXACTNESS: Final = "cross-leg-exactness.json"
+ALL_VS_TEACHER: Final = "all-vs-canonical-teacher.json"
 
 
 def attempt_dir(leg_dir: Path, attempt: int) -> Path:

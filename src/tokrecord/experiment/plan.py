@@ -30,6 +30,7 @@ from tokrecord.evidence import canonical_json
 from tokrecord.gates import GateConfig, LogRule
 from tokrecord.identity import IdentitySpec
 from tokrecord.metrics import Convention
+from tokrecord.metrics.components import ComponentSpec
 from tokrecord.metrics.logfacts import LogExtractor
 from tokrecord.probes.idle import IdleCriteria
 from tokrecord.probes.telemetry import TelemetryConfig
@@ -165,6 +166,9 @@ class Plan(_Strict):
     request_extra: dict[str, Any] = Field(default_factory=dict)
     # Facts to read from every leg's server log, on top of the engine's own ([[log_facts]]).
     log_facts: tuple[LogExtractor, ...] = ()
+    # Profiler evidence for what the candidate changes ([[components]]), sealed with the
+    # experiment: the traces and checks are copied in at preregistration.
+    components: tuple[ComponentSpec, ...] = ()
     gates: GateConfig = Field(default_factory=GateConfig)
     identity: IdentitySpec = Field(default_factory=IdentitySpec)
     gate_kind: Literal["strict-preregistered"] = "strict-preregistered"
@@ -183,6 +187,12 @@ class Plan(_Strict):
 
     @model_validator(mode="after")
     def _arms_fit_design(self) -> Plan:
+        names = [c.name for c in self.components]
+        if len(names) != len(set(names)):
+            raise ValueError(f"component names must be unique: {names}")
+        if self.components and self.design is Design.AA:
+            raise ValueError("component evidence compares control and candidate traces; "
+                             "an A/A design has one arm")
         if self.design is Design.AA:
             if len(self.arms) != 1:
                 raise ValueError(f"design 'aa' runs one arm in every leg; this plan has "
@@ -233,7 +243,7 @@ class Plan(_Strict):
 _LATER_DEFAULTS: Final[dict[str, Any]] = {"idle": IdleCriteria(), "telemetry": TelemetryConfig(),
                                            "blocks": 1, "min_effect_pct": None, "noise": None,
                                            "record_confidence": 0.98, "engine": None,
-                                           "log_facts": ()}
+                                           "log_facts": (), "components": ()}
 _ADDED_LATER: Final = tuple(_LATER_DEFAULTS)
 
 
@@ -285,7 +295,18 @@ def load_plan(path: Path) -> Plan:
     if plan.noise is not None and plan.noise.from_records:
         updates["noise"] = plan.noise.model_copy(update={"from_records": tuple(
             str((base / p).resolve()) for p in plan.noise.from_records)})
+    if plan.components:
+        updates["components"] = tuple(_resolve_component(c, base) for c in plan.components)
     return plan.model_copy(update=updates) if updates else plan
+
+
+def _resolve_component(spec: ComponentSpec, base: Path) -> ComponentSpec:
+    def resolve(p: str) -> str:
+        return str((base / p).resolve())
+    return spec.model_copy(update={
+        "control_traces": tuple(resolve(p) for p in spec.control_traces),
+        "candidate_traces": tuple(resolve(p) for p in spec.candidate_traces),
+        "check": resolve(spec.check)})
 
 
 def plan_engine(plan: Plan) -> Engine:

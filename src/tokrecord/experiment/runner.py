@@ -30,6 +30,7 @@ import psutil
 
 from tokrecord.errors import ConfigError, TokrecordError
 from tokrecord.evidence import JsonlWriter, canonical_json, layout, read_jsonl
+from tokrecord.experiment.components import check_components, copy_components
 from tokrecord.experiment.leg import (
     LegConfig,
     LegObserver,
@@ -42,7 +43,7 @@ from tokrecord.experiment.leg import (
 from tokrecord.experiment.plan import ArmName, Plan, draft_paths
 from tokrecord.experiment.power import plan_noise, power_report
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
-from tokrecord.identity import Identity, IdentitySpec, collect_identity
+from tokrecord.identity import Identity, IdentitySpec, collect_identity, manifest_text
 from tokrecord.suite import Suite, load_suite
 
 STATE = layout.STATE
@@ -167,6 +168,7 @@ def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
         return state
     if exp_dir.exists() and any(exp_dir.iterdir()):
         raise ConfigError(f"{exp_dir} exists and is not an experiment directory")
+    check_components(plan.components)  # a bad trace or pattern fails before anything is written
     exp_dir.mkdir(parents=True, exist_ok=True)
     with open(exp_dir / layout.PLAN, "xb") as fh:
         fh.write(plan.canonical() + b"\n")
@@ -190,7 +192,28 @@ def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
     with open(exp_dir / layout.IDENTITY, "xb") as fh:
         fh.write(_identity_bytes(identity))
     state.append("identity_collected", path="identity.json")
+    written = write_portable_manifests(identity, exp_dir)
+    state.append("portable_manifests_written", paths=written)
+    if plan.components:
+        state.append("components_copied", paths=copy_components(plan.components, exp_dir))
     return state
+
+
+def write_portable_manifests(identity: Identity, exp_dir: Path) -> list[str]:
+    """The model's file manifest (sha256sum form, so `sha256sum -c` checks a copy of the
+    weights; its own sha256 is identity's manifest_sha256) and the runtime locks, as files
+    a reproduction can use without reading identity.json."""
+    written = []
+    if identity.model is not None:
+        path = exp_dir / layout.MODEL_MANIFEST
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(manifest_text(identity.model.files), encoding="utf-8")
+        written.append(layout.MODEL_MANIFEST)
+    path = exp_dir / layout.RUNTIME_LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(canonical_json(identity.runtime_locks) + b"\n")
+    written.append(layout.RUNTIME_LOCK)
+    return written
 
 
 def _identity_bytes(identity: Identity) -> bytes:

@@ -33,6 +33,7 @@ from tokrecord.experiment.stats import (
 )
 from tokrecord.gates import GateResult, GateStatus, RowOutcome, cross_leg_exact
 from tokrecord.metrics import FORMULAS, Convention, EngineCounters, SpeculativeCounters
+from tokrecord.record.exactness import artifact_entries
 
 # v2: k blocks, the A/A design, the leg-level verdict (`verdict_analysis`) and the
 # preregistered power. v1 (one ABBA block, the paired bootstrap) is still built
@@ -56,6 +57,12 @@ class EvidenceFacts(BaseModel):
     drafts: dict[str, dict[str, Any]] = {}
     # Per leg, identity collected again just before it (the state log's leg_identity).
     leg_identity: dict[str, dict[str, Any]] = {}
+    # The exactness documents written with the record: file name -> sha256.
+    documents_sha256: dict[str, str] = {}
+    # The portable manifests written at preregistration: path -> sha256.
+    portable_sha256: dict[str, str] = {}
+    # The plan's components, computed from their sealed copies (experiment.components).
+    components: list[dict[str, Any]] = []
 
 
 def figures(result: LegResult, rows: Sequence[RowRecord]) -> LegFigures:
@@ -160,6 +167,8 @@ def abba_record(
     all_valid = all(r.valid for r in legs)
     quality_ok = all_valid and cross.status is GateStatus.PASS
     identity_ok, identity_reasons = identity_across_legs(facts.leg_identity, list(results))
+    if not v1:
+        identity_reasons += component_reasons(facts.components)
     gate = record_gate(
         [figs[leg.name] for leg in design if leg.treated],
         [figs[leg.name] for leg in design if not leg.treated], list(pairs.values()), quality_ok,
@@ -252,7 +261,58 @@ def abba_record(
     out["quality"]["source_identity_passed_all_legs"] = identity_ok
     for name, block in out["runs"].items():
         block["identity_sha256"] = (facts.leg_identity.get(name) or {}).get("identity_sha256")
+    out["component_evidence"] = {c["name"]: c for c in facts.components}
+    out["artifacts"] = {**out["artifacts"], **artifact_entries(facts.documents_sha256)}
+    out["reproducibility"] = {**out["reproducibility"], **portable_entries(facts)}
     return out
+
+
+def component_reasons(components: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Record-gate reasons: a declared component whose own gate failed (its check is not
+    exact, or its traces do not show it) is no evidence for the candidate."""
+    return [f"component {c['name']}: " + "; ".join(c.get("gate_reasons") or ["gate failed"])
+            for c in components if not c.get("gate_passed")]
+
+
+def portable_entries(facts: EvidenceFacts) -> dict[str, str | None]:
+    """Where the portable model manifest and runtime lock are, with their sha256."""
+    out: dict[str, str | None] = {}
+    for key, path in (("portable_model_manifest", layout.MODEL_MANIFEST),
+                      ("runtime_lock", layout.RUNTIME_LOCK)):
+        sha = facts.portable_sha256.get(path)
+        out[key] = path if sha else None
+        out[f"{key}_sha256"] = sha
+    return out
+
+
+def treatment_section(plan: Plan, result: LegResult, facts: EvidenceFacts) -> dict[str, Any]:
+    """The single-leg seed's treatment: what was switched on, whether the target stayed
+    the preregistered one, and every claim and fact the server log supports, each with
+    the log evidence or the reason it is not claimed."""
+    arm = plan.arms[result.arm]  # type: ignore[index]
+    selector = " ".join([*(f"{k}={v}" for k, v in sorted(arm.env.items())),
+                         *arm.extra_args]) or "(none: the base server)"
+    check = facts.leg_identity.get(result.name) or {}
+    changed = check.get("changed")
+    gate = _gate(result, "treatment_attestation")
+    claims = {c["claim"]: True if c["holds"] else c["statement"]
+              for c in (gate.evidence.get("claims", []) if gate else [])}
+    spec = speculative_configs(plan).get(result.arm)
+    return {
+        "arm": result.arm,
+        "selector": selector,
+        "description": arm.description,
+        # The model's bytes are in identity: unchanged when the check before the leg found
+        # the preregistered model (None when no check ran).
+        "target_unchanged": None if changed is None else "model" not in changed,
+        "claims": claims,
+        "log_facts": {f.name: f.value for f in result.log_facts if f.found},
+        "log_facts_per_rank": {f.name: f.per_rank for f in result.log_facts
+                               if f.found and f.per_rank},
+        "num_speculative_tokens": spec.num_speculative_tokens if spec else None,
+        "draft_sample_method": spec.draft_sample_method if spec else None,
+        "rejection_sample_method": spec.rejection_sample_method if spec else None,
+    }
 
 
 def identity_across_legs(checks: Mapping[str, Mapping[str, Any]], legs: Sequence[str]
@@ -408,7 +468,9 @@ def single_leg_record(
     d_best, d_best_pct = delta(prior.best_exact_tok_s)
     conv = s.tok_s_out_conventional
     beats = value is not None and prior.value_tok_s is not None and value > prior.value_tok_s
-    passed = result.valid and beats
+    identity_ok, identity_reasons = identity_across_legs(facts.leg_identity, [result.name])
+    blockers = identity_reasons + component_reasons(facts.components)
+    passed = result.valid and beats and not blockers
     qualification = (
         "" if head == "conventional" else
         f"published {head} convention; conventional 99-interval value is {conv} tok/s"
@@ -462,18 +524,28 @@ def single_leg_record(
         "quality": {g.name: {"status": g.status.value, "count": g.count, "reason": g.reason}
                     for g in result.gates},
         "valid": result.valid,
+        "record_blockers": blockers,
+        "identity_sha256": (facts.leg_identity.get(result.name) or {}).get("identity_sha256"),
+        "source_identity_passed": identity_ok,
         "attempts": list(attempts),
+        "treatment": treatment_section(plan, result, facts),
+        "component_evidence": {c["name"]: c for c in facts.components},
         "log_facts": log_facts({"B1": result}),
         "server_log_facts": server_log_facts(result),
         "graph": graph_facts(result),
         "speculative": speculative_section(plan, facts),
         "operational": operational({"B1": result}, {}),
-        "reproducibility": reproducibility(facts.root),
-        "sha256": facts.evidence_sha256[result.name],
+        "reproducibility": {**reproducibility(facts.root), **portable_entries(facts)},
+        "sha256": {**facts.evidence_sha256[result.name],
+                   "exactness": facts.documents_sha256.get(layout.ALL_VS_TEACHER),
+                   "identity": facts.identity.get("identity_sha256"),
+                   "model_release_manifest": facts.portable_sha256.get(layout.MODEL_MANIFEST),
+                   "runtime_lock": facts.portable_sha256.get(layout.RUNTIME_LOCK)},
         "source": facts.identity,
         "hardware": facts.hardware[result.name],
         "telemetry": result.telemetry.model_dump(mode="json", by_alias=True)
         if result.telemetry else None,
-        "artifacts": {"root": facts.root, "run_dir": result.run_dir},
+        "artifacts": {"root": facts.root, "run_dir": result.run_dir,
+                      **artifact_entries(facts.documents_sha256)},
         "submission": {},
     }

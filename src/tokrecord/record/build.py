@@ -15,9 +15,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tokrecord.errors import ConfigError
 from tokrecord.evidence import canonical_json, layout
 from tokrecord.evidence.seal import SigningKey, load_or_create_key, seal
-from tokrecord.experiment.leg import LegResult, load_rows, outcomes
+from tokrecord.experiment.components import sealed_component_evidence
+from tokrecord.experiment.leg import LegResult, RowRecord, load_rows, outcomes
 from tokrecord.experiment.plan import Design, Plan
 from tokrecord.experiment.runner import (
     attempts_log,
@@ -27,8 +29,11 @@ from tokrecord.experiment.runner import (
     mark_complete,
     plan_suite,
 )
+from tokrecord.gates import RowOutcome
+from tokrecord.gates.teacher import Teacher, load_teacher
 from tokrecord.identity import sha256_file
 from tokrecord.record import SCHEMA_ABBA, EvidenceFacts, abba_record, single_leg_record
+from tokrecord.record.exactness import document_hashes, exactness_documents, stated_hashes
 from tokrecord.record.schema import validate_record
 
 
@@ -37,23 +42,64 @@ def build_record(plan: Plan, exp_dir: Path, results: Mapping[str, LegResult],
     """The record of a finished experiment, from its legs' evidence; `schema` names an
     older record form when an older record is recomputed (verify)."""
     tries = attempts_log(exp_dir)
-    facts = evidence_facts(exp_dir, results)
+    run_dirs = {name: (Path(r.run_dir), r.arm) for name, r in results.items()}
+    rows, outs = leg_outcomes(plan, run_dirs)
+    docs = exactness_documents(outs, canonical_teacher(exp_dir, run_dirs),
+                               cross=plan.design is not Design.SINGLE)
+    facts = evidence_facts(exp_dir, results, plan, document_hashes(docs))
     if plan.design is Design.SINGLE:
         return single_leg_record(plan, results["B1"], tries, facts)
-    suite = plan_suite(plan)
-    rows = {name: load_rows(Path(r.run_dir)) for name, r in results.items()}
-    outs = {name: outcomes(rows[name], leg_config(plan, suite, name, r.arm, 1))  # type: ignore[arg-type]
-            for name, r in results.items()}
     power_path = exp_dir / layout.POWER
     power = json.loads(power_path.read_text(encoding="utf-8")) if power_path.exists() else None
     return abba_record(plan, results, rows, outs, tries, idle_gaps(exp_dir), facts, power,
                        schema or SCHEMA_ABBA)
 
 
+def leg_outcomes(plan: Plan, run_dirs: Mapping[str, tuple[Path, str]]
+                 ) -> tuple[dict[str, list[RowRecord]], dict[str, list[RowOutcome]]]:
+    """Each leg's rows and the gates' view of them (name -> (run dir, arm))."""
+    suite = plan_suite(plan)
+    rows = {name: load_rows(d) for name, (d, _) in run_dirs.items()}
+    outs = {name: outcomes(rows[name], leg_config(plan, suite, name, arm, 1))  # type: ignore[arg-type]
+            for name, (_, arm) in run_dirs.items()}
+    return rows, outs
+
+
+def canonical_teacher(exp_dir: Path, run_dirs: Mapping[str, tuple[Path, str]]
+                      ) -> Teacher | None:
+    """The teacher the legs were gated against: the experiment's captured one, else the
+    copy each leg keeps (a given teacher file may live anywhere; its copy travels)."""
+    candidates = [exp_dir / layout.TEACHER] + [d / layout.LEG_TEACHER for d, _ in
+                                               run_dirs.values()]
+    found = next((p for p in candidates if p.exists()), None)
+    return load_teacher(found) if found is not None else None
+
+
+def _write_documents(exp_dir: Path, record: Mapping[str, Any]) -> None:
+    """The exactness documents, recomputed from the legs the record names, written
+    beside it; their hashes must be the ones the record states."""
+    stated = stated_hashes(record.get("artifacts") or {})
+    if not stated:
+        return
+    plan = Plan.model_validate(json.loads((exp_dir / layout.PLAN).read_text(encoding="utf-8")))
+    runs = record.get("runs") or {"B1": {"run_dir": record["artifacts"]["run_dir"],
+                                         "treatment": "candidate"}}
+    run_dirs = {name: (Path(r["run_dir"]), r["treatment"]) for name, r in runs.items()}
+    _, outs = leg_outcomes(plan, run_dirs)
+    docs = exactness_documents(outs, canonical_teacher(exp_dir, run_dirs),
+                               cross=plan.design is not Design.SINGLE)
+    if document_hashes(docs) != stated:
+        raise ConfigError("the exactness documents do not hash to what the record states")
+    for name, data in docs.items():
+        with open(exp_dir / name, "xb") as fh:
+            fh.write(data)
+
+
 def finish(exp_dir: Path, record: dict[str, Any], key: SigningKey | None = None) -> Path:
-    """Write record.json, close the experiment and seal it (manifest, signature,
-    read-only): no leg can run, and nothing can change, after this."""
+    """Write record.json and its exactness documents, close the experiment and seal it
+    (manifest, signature, read-only): no leg can run, and nothing can change, after this."""
     validate_record(record)  # a record that breaks tokrecord.record/v1 is never sealed
+    _write_documents(exp_dir, record)
     path = exp_dir / layout.RECORD
     with open(path, "xb") as fh:
         fh.write(canonical_json(record) + b"\n")
@@ -62,11 +108,17 @@ def finish(exp_dir: Path, record: dict[str, Any], key: SigningKey | None = None)
     return path
 
 
-def evidence_facts(exp_dir: Path, results: Mapping[str, LegResult]) -> EvidenceFacts:
+def evidence_facts(exp_dir: Path, results: Mapping[str, LegResult], plan: Plan | None = None,
+                   documents: Mapping[str, str] | None = None) -> EvidenceFacts:
     return EvidenceFacts(
         date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"), root=str(exp_dir),
         identity=identity_summary(exp_dir), drafts=draft_identities(exp_dir),
         leg_identity=leg_identities(exp_dir),
+        documents_sha256=dict(documents or {}),
+        portable_sha256={name: sha256_file(exp_dir / name)
+                         for name in (layout.MODEL_MANIFEST, layout.RUNTIME_LOCK)
+                         if (exp_dir / name).exists()},
+        components=sealed_component_evidence(plan.components, exp_dir) if plan else [],
         hardware={name: hardware(Path(r.run_dir)) for name, r in results.items()},
         evidence_sha256={name: evidence_hashes(Path(r.run_dir)) for name, r in results.items()})
 

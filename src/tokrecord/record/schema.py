@@ -79,6 +79,10 @@ EvidenceName = Literal["summary.json", "rows.json", "events.jsonl", "gates.json"
                        "server.log", "cleanup.json", "metrics-before.prom", "metrics-after.prom",
                        "idle.json", "telemetry.jsonl", "hardware.json"]
 EvidenceHashes = dict[EvidenceName, Sha256]
+# A single-leg record's sha256 section: its leg's files, and the seed's other hashes
+# (the exactness document, identity, the portable manifests: None where there is none).
+SingleHashes = dict[EvidenceName | Literal["exactness", "identity", "model_release_manifest",
+                                           "runtime_lock"], Sha256 | None]
 
 # Keys added to records with the probes (idle gates, telemetry, hardware). A v1 record
 # sealed by an earlier tokrecord has none of them and must still be read (verify skips
@@ -311,6 +315,10 @@ class AbbaQuality(_Section):
 
 class AbbaArtifacts(_Section):
     root: str
+    all_vs_canonical_teacher: str | None = None
+    all_vs_canonical_teacher_sha256: Sha256 | None = None
+    cross_leg_exactness: str | None = None
+    cross_leg_exactness_sha256: Sha256 | None = None
 
 
 class Accounting(_Section):
@@ -367,6 +375,11 @@ class Reproducibility(_Section):
     verify: str
     artifact_exact_scope: str
     source_rebuild_scope: str
+    # Copies under the experiment directory (None: no local model to list).
+    portable_model_manifest: str | None = None
+    portable_model_manifest_sha256: Sha256 | None = None
+    runtime_lock: str | None = None
+    runtime_lock_sha256: Sha256 | None = None
 
 
 class _ExperimentCommon(_Record):
@@ -431,6 +444,51 @@ class LogFactFound(_Section):
 # Added with the engine adapters: records sealed before have none (a reader sees None).
 ADDED_WITH_ENGINES: Final = frozenset({"server_log_facts", "graph", "speculative",
                                        "identity_sha256", "source_identity_passed_all_legs"})
+# Added with the seeds' remaining evidence (components, exactness documents, portable
+# manifests, the single-leg treatment): likewise absent from records sealed before.
+ADDED_WITH_EVIDENCE: Final = frozenset({
+    "component_evidence", "all_vs_canonical_teacher", "all_vs_canonical_teacher_sha256",
+    "cross_leg_exactness", "cross_leg_exactness_sha256", "portable_model_manifest",
+    "portable_model_manifest_sha256", "runtime_lock", "runtime_lock_sha256", "treatment",
+    "record_blockers", "source_identity_passed"})
+
+
+class ComponentEvidence(_Section):
+    """One declared component, from its sealed profiler traces and check."""
+
+    name: str
+    description: str
+    cycle_annotation: str
+    kernel_patterns: list[str]
+    devices_or_ranks: int
+    cycles: dict[Literal["control", "candidate"], list[NonNegativeInt]]
+    delimited_by: list[Literal["gpu_user_annotation", "correlation"]]
+    launches_per_cycle: dict[Literal["control", "candidate", "removed"], float | int | None]
+    kernel_ms_per_cycle: dict[Literal["control", "candidate"], list[float | None]]
+    saving_ms_per_cycle_range: list[float] | None
+    isolated_saving_ms_per_cycle: float | None
+    exact: bool
+    exact_all_devices: bool
+    what_exact_means: str | None
+    gate_passed: bool
+    gate_reasons: list[str]
+    trace_sha256: dict[str, Sha256]
+    check_sha256: Sha256
+
+
+class SingleTreatment(_Section):
+    """The single-leg seed's treatment section (record.treatment_section)."""
+
+    arm: ArmName
+    selector: str
+    description: str
+    target_unchanged: bool | None
+    claims: dict[str, bool | str]
+    log_facts: dict[str, Any]
+    log_facts_per_rank: dict[str, dict[str, Any]]
+    num_speculative_tokens: int | None
+    draft_sample_method: str | None
+    rejection_sample_method: str | None
 
 
 class SpeculativeSection(_Section):
@@ -475,6 +533,7 @@ class ExperimentRecordV2(_ExperimentCommon):
     power: PowerReport | None  # when the plan declared min_effect_pct
     server_log_facts: dict[AnyLegName, dict[str, LogFactFound]] | None = None
     speculative: dict[ArmName, SpeculativeSection | None] | None = None
+    component_evidence: dict[str, ComponentEvidence] | None = None
 
     def runs_by_name(self) -> dict[str, LegBlock]:
         return self.runs
@@ -524,6 +583,8 @@ class GateDetail(GateSummary):
 class SingleArtifacts(_Section):
     root: str
     run_dir: str
+    all_vs_canonical_teacher: str | None = None
+    all_vs_canonical_teacher_sha256: Sha256 | None = None
 
 
 class SingleLegRecord(_Record):
@@ -539,14 +600,19 @@ class SingleLegRecord(_Record):
     summary: SingleSummary
     quality: dict[str, GateDetail]
     valid: bool
+    record_blockers: list[str] | None = None
+    identity_sha256: Sha256 | None = None
+    source_identity_passed: bool | None = None
     attempts: list[Attempt]
+    treatment: SingleTreatment | None = None
+    component_evidence: dict[str, ComponentEvidence] | None = None
     log_facts: dict[str, list[LogFact]]
     server_log_facts: dict[str, LogFactFound] | None = None
     graph: GraphFacts | None = None
     speculative: dict[ArmName, SpeculativeSection | None] | None = None
     operational: Operational
     reproducibility: Reproducibility
-    sha256: EvidenceHashes
+    sha256: SingleHashes
     source: Source
     hardware: Hardware | None = None
     telemetry: TelemetrySummary | None = None
@@ -581,9 +647,10 @@ def validate_record(obj: Mapping[str, Any], *, source: str = "record",
         raise ConfigError(_describe(source, obj, exc.errors())) from exc
     # The ABBA v1 form is only ever recomputed, never written anew: it has none of the
     # keys added with the engines.
-    later = ADDED_WITH_ENGINES if isinstance(record, ExperimentRecord) else frozenset()
+    added = ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE
+    later = added if isinstance(record, ExperimentRecord) else frozenset()
     if sealed_before_probes_ok:  # a reader's view of evidence sealed by an older tokrecord
-        later = ADDED_WITH_ENGINES | (ADDED_LATER if isinstance(record, _V1_MODELS) else later)
+        later = added | (ADDED_LATER if isinstance(record, _V1_MODELS) else later)
     missing = _first_unset(record, (), later)
     if missing is not None:
         raise ConfigError(f"{source}: key '{_dotted(missing)}': Field required")

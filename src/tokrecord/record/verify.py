@@ -43,7 +43,7 @@ from tokrecord.metrics.logfacts import extract_log_facts
 from tokrecord.probes.idle import IdleResult
 from tokrecord.probes.telemetry import read_samples
 from tokrecord.record.build import build_record
-from tokrecord.record.schema import ADDED_LATER, ADDED_WITH_ENGINES
+from tokrecord.record.schema import ADDED_LATER, ADDED_WITH_ENGINES, ADDED_WITH_EVIDENCE
 from tokrecord.server.process import CleanupReport
 from tokrecord.suite import Suite, parse_suite
 
@@ -54,7 +54,8 @@ _VOLATILE = frozenset({"run_dir", "root", "date", "seal", "portable_sealed_evide
 # earlier tokrecord has none of them and must still verify: when the recorded
 # file lacks one, it is not a difference.
 # The record's keys are schema.ADDED_LATER; a leg summary's idle gates came with them.
-_ADDED_LATER = ADDED_LATER | ADDED_WITH_ENGINES | {"idle_before", "idle_after"}
+_ADDED_LATER = (ADDED_LATER | ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE
+                | {"idle_before", "idle_after", "exactness", "model_release_manifest"})
 
 
 def _rel(path: Path, base: Path) -> str:

@@ -43,6 +43,7 @@ from .model import (
     Analysis,
     Attempt,
     Bootstrap,
+    ComponentView,
     Fact,
     GateView,
     Headline,
@@ -782,8 +783,32 @@ def experiment_report(record: AnyRecord, legs: Sequence[LegView], *, title: str,
     return ReportData(
         **form, date=record.date, status=record.status, legs=tuple(legs), timelines=timelines,
         timeline_choice=timeline_choice, protocol=_protocol(record), identity=identity,
-        attempts=_attempts(record), addenda=addenda, verification=NOT_VERIFIED,
+        attempts=_attempts(record), addenda=addenda, components=components_view(record),
+        verification=NOT_VERIFIED,
     )
+
+
+def components_view(record: AnyRecord) -> tuple[ComponentView, ...]:
+    """The record's component evidence, one line of figures per component."""
+    found = getattr(record, "component_evidence", None) or {}
+    out = []
+    for c in found.values():
+        lpc = c.launches_per_cycle
+        rng = c.saving_ms_per_cycle_range
+        saving = (fmt.DASH if rng is None else f"{rng[0]:.4f} ms" if rng[0] == rng[1]
+                  else f"{rng[0]:.4f} to {rng[1]:.4f} ms")
+        out.append(ComponentView(
+            name=c.name, description=c.description, devices=c.devices_or_ranks,
+            launches=f"{lpc.get('control')} → {lpc.get('candidate')} "
+                     f"({lpc.get('removed')} removed)",
+            saving=saving,
+            isolated=fmt.DASH if c.isolated_saving_ms_per_cycle is None
+            else f"{c.isolated_saving_ms_per_cycle:.4f} ms",
+            exact=("exact on every device" if c.exact_all_devices and c.devices_or_ranks > 1
+                   else "exact" if c.exact and c.exact_all_devices else "NOT exact")
+                  + (f" ({c.what_exact_means})" if c.what_exact_means else ""),
+            gate="passed" if c.gate_passed else "FAILED: " + "; ".join(c.gate_reasons)))
+    return tuple(out)
 
 
 def _single_parts(record: SingleLegRecord, only: LegView, title: str) -> dict[str, Any]:

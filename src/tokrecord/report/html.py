@@ -18,6 +18,8 @@ from tokrecord.gates import GateStatus
 from . import charts, fmt
 from .model import Analysis, Fact, GateView, Kind, LegView, Power, ReportData
 from .text import (
+    COMPONENT_COLUMNS,
+    component_cells,
     interval_text,
     kind_text,
     noise_text,
@@ -35,6 +37,7 @@ SECTIONS = (
     ("intervals", "Intervals"),
     ("abba", "ABBA"),
     ("speculative", "Speculative"),
+    ("components", "Components"),
     ("telemetry", "Telemetry"),
     ("gates", "Gates"),
     ("identity", "Identity"),
@@ -444,6 +447,21 @@ def _speculative(d: ReportData) -> str:
     return f'<section id="speculative">{"".join(parts)}</section>'
 
 
+def _components(d: ReportData) -> str:
+    parts = ["<h2>Component evidence</h2>"]
+    if not d.components:
+        parts.append(_note("The plan declares no components ([[components]]: profiler traces "
+                           "of what the candidate changes)."))
+    else:
+        parts.append(_note("From the profiler traces the plan declared, sealed with the "
+                           "experiment: the component's kernel launches per decode cycle, "
+                           "the kernel time it saves per cycle (a range over devices or "
+                           "ranks), and the component check the user ran."))
+        parts.append(_table(list(COMPONENT_COLUMNS), [component_cells(c)
+                                                      for c in d.components]))
+    return f'<section id="components">{"".join(parts)}</section>'
+
+
 def _telemetry(d: ReportData) -> str:
     parts = ["<h2>Telemetry</h2>"]
     legs = [leg for leg in d.legs if leg.telemetry is not None]
@@ -571,7 +589,8 @@ def _identity(d: ReportData) -> str:
 def render_html(d: ReportData) -> str:
     nav = "".join(f'<a href="#{sid}">{_e(label)}</a>' for sid, label in SECTIONS)
     body = "".join(section(d) for section in (_summary, _legs, _rates, _timeline, _intervals,
-                                              _abba, _speculative, _telemetry, _gates, _identity))
+                                              _abba, _speculative, _components, _telemetry,
+                                              _gates, _identity))
     return (
         "<!doctype html>\n"
         '<html lang="en"><head><meta charset="utf-8">'

@@ -305,6 +305,19 @@ class Addendum(_Frozen):
     text: str
 
 
+class ComponentView(_Frozen):
+    """One declared component's evidence (record.component_evidence), formatted."""
+
+    name: str
+    description: str
+    launches: str  # "54 → 9 (45 removed)"
+    saving: str  # the kernel time saved per cycle, a range over devices
+    isolated: str
+    exact: str
+    gate: str
+    devices: int
+
+
 class ReportData(_Frozen):
     schema_id: str = Field(default=SCHEMA_REPORT, alias="schema")
     kind: Kind
@@ -329,6 +342,7 @@ class ReportData(_Frozen):
     identity: tuple[Fact, ...] = ()
     attempts: tuple[Attempt, ...] = ()
     addenda: tuple[Addendum, ...] = ()
+    components: tuple[ComponentView, ...] = ()
     verification: Verification
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)

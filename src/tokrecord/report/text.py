@@ -17,7 +17,7 @@ from rich.text import Text
 from tokrecord.gates import GateStatus
 
 from . import fmt
-from .model import Analysis, Kind, LegView, Power, ReportData
+from .model import Analysis, ComponentView, Kind, LegView, Power, ReportData
 
 _VERDICT_STYLE = {"FASTER": "bold green", "SLOWER": "bold red", "UNDECIDED": "bold yellow",
                   "NO DIFFERENCE": "bold", "VALID": "bold green", "NOT VALID": "bold red",
@@ -228,7 +228,24 @@ def terminal_renderables(d: ReportData, width: int = 100) -> list[RenderableType
             pairs.add_row(p.name, fmt.pct(p.headline_delta_pct), fmt.pct(p.paired_median_delta_pct),
                           p.row_wins, verdict)
         out.append(pairs)
+    if d.components:
+        comps = Table(box=None, padding=(0, 1), title="component evidence (profiler traces)",
+                      title_justify="left", title_style="bold")
+        for col in COMPONENT_COLUMNS:
+            comps.add_column(col, no_wrap=col in ("component", "launches per cycle"))
+        for c in d.components:
+            comps.add_row(*(escape(x) for x in component_cells(c)))
+        out.append(comps)
     return out
+
+
+COMPONENT_COLUMNS = ("component", "launches per cycle", "kernel time saved per cycle",
+                     "isolated saving", "exact", "gate")
+
+
+def component_cells(c: ComponentView) -> list[str]:
+    return [c.name, c.launches, c.saving + (f" over {c.devices} devices" if c.devices > 1
+                                            else ""), c.isolated, c.exact, c.gate]
 
 
 def print_report(console: Console, d: ReportData) -> None:
@@ -300,6 +317,10 @@ def render_markdown(d: ReportData) -> str:
             [(p.name, fmt.pct(p.headline_delta_pct), fmt.pct(p.paired_median_delta_pct), p.row_wins,
               "pass" if p.passed else "fail", "; ".join(p.failed_criteria)) for p in d.pairs],
             {1, 2, 3})
+    if d.components:
+        out += ["", "### Component evidence (profiler traces)", ""]
+        out += _md_table(COMPONENT_COLUMNS, [[_md(x) for x in component_cells(c)]
+                                             for c in d.components], set())
     names: list[str] = []
     for leg in d.legs:
         names += [g.name for g in leg.gates if g.name not in names]
