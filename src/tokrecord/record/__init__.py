@@ -262,9 +262,35 @@ def abba_record(
     for name, block in out["runs"].items():
         block["identity_sha256"] = (facts.leg_identity.get(name) or {}).get("identity_sha256")
     out["component_evidence"] = {c["name"]: c for c in facts.components}
+    out["model"] = model_section(plan, facts)
+    out["unchanged_record_stack"] = unchanged_stack(plan)
+    p = out["protocol"]
+    p["prefix_history_response_reuse"] = not (p["prompts_unique_per_leg"]
+                                              and p["each_prompt_run_once"]
+                                              and p["cached_tokens_all_zero"])
     out["artifacts"] = {**out["artifacts"], **artifact_entries(facts.documents_sha256)}
     out["reproducibility"] = {**out["reproducibility"], **portable_entries(facts)}
     return out
+
+
+def model_section(plan: Plan, facts: EvidenceFacts) -> dict[str, Any]:
+    """The target model as served and identified, and the draft the candidate names."""
+    specs = speculative_configs(plan)
+    arm = "candidate" if specs.get("candidate") else next(
+        (a for a, c in specs.items() if c is not None), None)
+    draft = (facts.drafts.get(arm) or {}) if arm else {}
+    spec = specs.get(arm) if arm else None
+    return {"target": plan.server.model,
+            "target_manifest_sha256": facts.identity.get("model_manifest_sha256"),
+            "target_revision": facts.identity.get("model_revision"),
+            "draft": spec.draft_model if spec else None,
+            "draft_manifest_sha256": draft.get("manifest_sha256"),
+            "draft_revision": draft.get("revision")}
+
+
+def unchanged_stack(plan: Plan) -> dict[str, Any]:
+    """What every arm shares: the base server's argv and environment (the arms add theirs)."""
+    return {"argv": list(plan.server.argv), "env": dict(plan.server.env)}
 
 
 def component_reasons(components: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -529,6 +555,8 @@ def single_leg_record(
         "source_identity_passed": identity_ok,
         "attempts": list(attempts),
         "treatment": treatment_section(plan, result, facts),
+        "model": model_section(plan, facts),
+        "unchanged_record_stack": unchanged_stack(plan),
         "component_evidence": {c["name"]: c for c in facts.components},
         "log_facts": log_facts({"B1": result}),
         "server_log_facts": server_log_facts(result),

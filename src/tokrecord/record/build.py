@@ -148,6 +148,11 @@ def draft_identities(exp_dir: Path) -> dict[str, dict[str, Any]]:
             for arm, d in drafts.items()}
 
 
+def _copy(part: dict[str, Any] | None) -> str | None:
+    """A source's bundle or patch as the sealed directory holds it."""
+    return f"{layout.IDENTITY_DIR}/{part['file']}" if part and part.get("file") else None
+
+
 def identity_summary(exp_dir: Path) -> dict[str, Any]:
     """The identity facts a reader looks for first, and the hash of the full file."""
     path = exp_dir / layout.IDENTITY
@@ -162,7 +167,8 @@ def identity_summary(exp_dir: Path) -> dict[str, Any]:
         "sources": {name: {"commit": s.get("commit"), "dirty": s.get("dirty"),
                            "public_base": s.get("public_base"),
                            "bundle_sha256": (s.get("bundle") or {}).get("sha256"),
-                           "patch_sha256": (s.get("patch") or {}).get("sha256")}
+                           "patch_sha256": (s.get("patch") or {}).get("sha256"),
+                           "bundle": _copy(s.get("bundle")), "patch": _copy(s.get("patch"))}
                     for name, s in (ident.get("sources") or {}).items()},
         "native_modules": ident.get("native_modules") or {},
         "runtime_lock_sha256": hashlib.sha256(

@@ -139,6 +139,9 @@ class SourceRepo(_Section):
     public_base: str | None
     bundle_sha256: Sha256 | None
     patch_sha256: Sha256 | None
+    # Their copies in the sealed directory (identity/NAME.bundle, identity/NAME.patch).
+    bundle: str | None = None
+    patch: str | None = None
 
 
 class IdentitySummary(_Section):
@@ -433,6 +436,8 @@ class AbbaProtocolV2(AbbaProtocol):
     design: Literal["abba", "aa"]
     blocks: int = Field(ge=1)
     pairs: list[PairName]
+    # True when any prompt was repeated, run twice or served from a cache.
+    prefix_history_response_reuse: bool | None = None
 
 
 class LogFactFound(_Section):
@@ -450,7 +455,22 @@ ADDED_WITH_EVIDENCE: Final = frozenset({
     "component_evidence", "all_vs_canonical_teacher", "all_vs_canonical_teacher_sha256",
     "cross_leg_exactness", "cross_leg_exactness_sha256", "portable_model_manifest",
     "portable_model_manifest_sha256", "runtime_lock", "runtime_lock_sha256", "treatment",
-    "record_blockers", "source_identity_passed"})
+    "record_blockers", "source_identity_passed", "model", "unchanged_record_stack",
+    "prefix_history_response_reuse", "bundle", "patch"})
+
+
+class ModelSection(_Section):
+    target: str
+    target_manifest_sha256: Sha256 | None
+    target_revision: str | None
+    draft: str | None
+    draft_manifest_sha256: Sha256 | None
+    draft_revision: str | None
+
+
+class UnchangedStack(_Section):
+    argv: list[str]
+    env: dict[str, str]
 
 
 class ComponentEvidence(_Section):
@@ -534,6 +554,8 @@ class ExperimentRecordV2(_ExperimentCommon):
     server_log_facts: dict[AnyLegName, dict[str, LogFactFound]] | None = None
     speculative: dict[ArmName, SpeculativeSection | None] | None = None
     component_evidence: dict[str, ComponentEvidence] | None = None
+    model: ModelSection | None = None
+    unchanged_record_stack: UnchangedStack | None = None
 
     def runs_by_name(self) -> dict[str, LegBlock]:
         return self.runs
@@ -605,6 +627,8 @@ class SingleLegRecord(_Record):
     source_identity_passed: bool | None = None
     attempts: list[Attempt]
     treatment: SingleTreatment | None = None
+    model: ModelSection | None = None
+    unchanged_record_stack: UnchangedStack | None = None
     component_evidence: dict[str, ComponentEvidence] | None = None
     log_facts: dict[str, list[LogFact]]
     server_log_facts: dict[str, LogFactFound] | None = None

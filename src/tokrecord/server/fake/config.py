@@ -43,6 +43,8 @@ class FakeServerConfig:
     speed_factor: float = 1.0
     # Which engine the server imitates (tokrecord.server.fake.dialects).
     dialect: str = "vllm"
+    # vLLM's --speculative-config (JSON): logged at start as vLLM logs its engine config.
+    speculative_config: str = ""
     # OpenAI endpoints ignore stream_options.continuous_usage_stats: no per-chunk count.
     no_continuous_usage: bool = False
     # The engines' own cache and warmup switches, so an argv completed with them starts:
@@ -150,6 +152,9 @@ _OPTIONS = (
             "(default: fresh entropy per start)"),
     _Option("dialect", "str",
             f"the engine imitated: {' | '.join(DIALECT_NAMES)} (default vllm)"),
+    _Option("speculative_config", "str",
+            "vllm: JSON as vLLM takes it; logged at start in vLLM's engine-config line "
+            "(the speed comes from --tokens-per-chunk)"),
     _Option("no_continuous_usage", "bool",
             "ignore stream_options.continuous_usage_stats: no chunk says how many tokens it has"),
     _Option("no_cache_prompt", "bool", "llama.cpp: switch the prompt cache off for every request"),
@@ -291,6 +296,7 @@ def config_from_args(
         ttft_ms=values.float_("ttft_ms", 50.0),
         tok_s=values.float_("tok_s", 1000.0) * factor,
         tokens_per_chunk=values.int_("tokens_per_chunk", 1),
+        speculative_config=values.str_("speculative_config", ""),
         max_tokens_cap=values.opt_int("max_tokens_cap"),
         eos_after=values.opt_int("eos_after"),
         log=values.opt_path("log"),

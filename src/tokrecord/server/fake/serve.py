@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -51,10 +52,30 @@ def serve(
         if on_listening is None:
             jitter = (f" (speed factor {config.speed_factor:.6f} from leg jitter "
                       f"{config.leg_jitter_pct:g} %)" if config.leg_jitter_pct else "")
+            if config.dialect == "vllm":
+                print(vllm_config_line(config), file=sys.stderr, flush=True)
             print(f"tokrecord fake server listening on {server.url}{jitter}", flush=True)
         else:
             on_listening(server)
         server.serve_forever()
+
+
+def vllm_config_line(config: FakeServerConfig) -> str:
+    """vLLM's start-up engine-config line, in its format (graph compilation as the CPU
+    engine reports it: no mode, no CUDA graphs), so that log facts read it as they would."""
+    spec = "None"
+    if config.speculative_config:
+        try:
+            given = json.loads(config.speculative_config)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"error: --speculative-config is not JSON: {exc}") from exc
+        spec = (f"SpeculativeConfig(method={given.get('method')!r}, "
+                f"model={given.get('model')!r}, "
+                f"num_spec_tokens={given.get('num_speculative_tokens')!r})")
+    return ("INFO [core.py] Initializing a V1 LLM engine (tokrecord fake) with config: "
+            f"model={config.model!r}, speculative_config={spec}, compilation_config={{'mode': "
+            "<CompilationMode.NONE: 0>, 'cudagraph_mode': <CUDAGraphMode.NONE: 0>, "
+            "'cudagraph_capture_sizes': [], 'max_cudagraph_capture_size': 0}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
