@@ -7,10 +7,10 @@ import json
 import re
 
 import pytest
-from paths import FIXTURES
-
 from bench.seedaudit.__main__ import _MISSING, classify, leaves, lookup
 from bench.seedaudit.rules import ABBA, SINGLE, Outcome
+
+from paths import FIXTURES
 
 SEEDS = FIXTURES / "seeds"
 
