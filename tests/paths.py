@@ -3,3 +3,4 @@
 from pathlib import Path
 
 FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).parent.parent  # the repository
