@@ -329,6 +329,8 @@ class ReportData(_Frozen):
     identity: tuple[Fact, ...] = ()
     attempts: tuple[Attempt, ...] = ()
     addenda: tuple[Addendum, ...] = ()
+    # Each leaderboard submission's lifecycle, one line each (tokrecord.submit.lifecycle).
+    submissions: tuple[str, ...] = ()
     verification: Verification
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)

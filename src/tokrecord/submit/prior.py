@@ -9,27 +9,32 @@ against a prior that is not what the public sees. ``offline`` (``tokrecord run
 --offline-prior``) skips the lookup, and the observation then says, in so many words,
 that the prior was not rechecked.
 
-The observation is ``prior-check.json`` in the experiment directory (``PRIOR_CHECK``),
-written once with exclusive create and sealed with the record; ``load_prior_check``
-reads it back for the record (``prior_recheck``). A resumed experiment keeps the
-observation made when it was first preregistered.
+The observation is ``prior-check.json`` in the experiment directory, written once with
+exclusive create and sealed with the record (``tokrecord.experiment.prior_check`` writes
+and reads it, so that record building need not import this stage). A resumed
+experiment keeps the observation made when it was first preregistered.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Final
 
 from tokrecord.errors import ConfigError
-from tokrecord.evidence import canonical_json
+from tokrecord.evidence.layout import PRIOR_CHECK
 from tokrecord.experiment.plan import Plan
+from tokrecord.experiment.prior_check import (
+    PRIOR_CHECK_SCHEMA,
+    load_prior_check,
+    prior_record_fields,
+    write_prior_check,
+)
 from tokrecord.submit.contract import APPROVED
 from tokrecord.submit.target import Exchange, Target
 
-PRIOR_CHECK: Final = "prior-check.json"
-PRIOR_CHECK_SCHEMA: Final = "tokrecord.prior-check/v1"
+__all__ = ["PRIOR_CHECK", "judge", "load_prior_check", "prior_record_fields", "recheck_prior",
+           "write_prior_check"]
 REL_TOL: Final = 1e-9  # JSON carries a float exactly; this only forgives a last-digit rounding
 
 
@@ -87,43 +92,3 @@ def recheck_prior(plan: Plan, exp_dir: Path, client: Target, offline: bool) -> d
         raise ConfigError(f"the plan is refused: {why}. Fix [prior] in the plan (or run with "
                           "--offline-prior, and the record will say the prior was not rechecked)")
     return obs
-
-
-def write_prior_check(exp_dir: Path, observation: dict[str, Any]) -> Path:
-    """``prior-check.json`` in the experiment directory, once (exclusive create); an
-    identical file already there is kept."""
-    path = exp_dir / PRIOR_CHECK
-    body = canonical_json(observation) + b"\n"
-    if path.exists() and path.read_bytes() == body:
-        return path
-    with open(path, "xb") as fh:
-        fh.write(body)
-    return path
-
-
-def load_prior_check(exp_dir: Path) -> dict[str, Any] | None:
-    """The sealed observation of the prior (None: the experiment has none)."""
-    path = exp_dir / PRIOR_CHECK
-    if not path.is_file():
-        return None
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} cannot be read: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("schema") != PRIOR_CHECK_SCHEMA:
-        raise ConfigError(f"{path} is not a {PRIOR_CHECK_SCHEMA} document")
-    return doc
-
-
-def prior_record_fields(exp_dir: Path) -> dict[str, Any]:
-    """The seeds' ``prior_approved_record`` facts from the observation, for record building:
-    ``public_api_rechecked_utc`` and ``status`` when rechecked; ``rechecked: false`` with the
-    reason otherwise; {} when the experiment has no observation."""
-    doc = load_prior_check(exp_dir)
-    if doc is None:
-        return {}
-    if not doc.get("rechecked"):
-        return {"rechecked": False, "public_api_rechecked_utc": None, "status": None,
-                "reason": doc.get("reason")}
-    return {"rechecked": True, "public_api_rechecked_utc": doc.get("checked_utc"),
-            "status": doc.get("status"), "public_tok_s": doc.get("tok_s_out")}

@@ -266,6 +266,7 @@ class StandinServer(LocalHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "tokrecord-localmaxxing-standin/1"
+    _as_cdn = False  # answering as the CDN (its Server header)
 
     @property
     def standin(self) -> StandinServer:
@@ -310,11 +311,16 @@ class _Handler(BaseHTTPRequestHandler):
         """The CDN in front of the public site refuses some user agents before the API."""
         agent = self.headers.get("User-Agent") or ""
         if not any(text in agent for text in self.standin.config.block_user_agents):
+            self._as_cdn = False
             return False
-        self._reply(403, CDN_PAGE, headers={"Server": "cloudflare", "cf-mitigated": "challenge",
+        self._as_cdn = True  # the Server header names the CDN, not the stand-in
+        self._reply(403, CDN_PAGE, headers={"cf-mitigated": "challenge",
                                             "cf-ray": "0000000000000000-LHR"},
                     content_type="text/html; charset=UTF-8")
         return True
+
+    def version_string(self) -> str:
+        return "cloudflare" if self._as_cdn else super().version_string()
 
     def _rate_limited(self, key_id: str, limit: int | None = None, window_s: float | None = None,
                       request_body: Any = None, auth: str = "none") -> tuple[bool, int, float]:
