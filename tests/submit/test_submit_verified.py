@@ -362,7 +362,8 @@ def test_prior_record_fields_say_whether_it_was_rechecked(tmp_path: Path) -> Non
     write_prior_check(tmp_path, obs)
     assert prior_record_fields(tmp_path) == {"rechecked": True,
                                              "public_api_rechecked_utc": "2026-07-23T07:08:59.000000Z",
-                                             "status": "APPROVED", "public_tok_s": 33.438926675602126}
+                                             "status": "APPROVED", "public_tok_s": 33.438926675602126,
+                                             "reason": None}
     offline_dir = tmp_path / "offline"
     offline_dir.mkdir()
     write_prior_check(offline_dir, replace_offline(obs))

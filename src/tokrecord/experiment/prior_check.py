@@ -55,6 +55,6 @@ def prior_record_fields(exp_dir: Path) -> dict[str, Any]:
         return {}
     if not doc.get("rechecked"):
         return {"rechecked": False, "public_api_rechecked_utc": None, "status": None,
-                "reason": doc.get("reason")}
+                "public_tok_s": None, "reason": doc.get("reason")}
     return {"rechecked": True, "public_api_rechecked_utc": doc.get("checked_utc"),
-            "status": doc.get("status"), "public_tok_s": doc.get("tok_s_out")}
+            "status": doc.get("status"), "public_tok_s": doc.get("tok_s_out"), "reason": None}

@@ -277,8 +277,11 @@ def _leg_config(leg_dir: Path) -> LegConfig:
     """The leg's configuration as it ran (config.json with its suite), as verify rebuilds it."""
     raw = _read_json(leg_dir / layout.CONFIG)
     rows = parse_suite((leg_dir / layout.SUITE).read_bytes(), layout.SUITE).rows
-    suite = Suite(name=raw["suite"]["name"], sha256=raw["suite"]["sha256"], rows=rows)
-    return LegConfig.model_validate({**raw["leg"], "suite": suite})
+    try:
+        suite = Suite(name=raw["suite"]["name"], sha256=raw["suite"]["sha256"], rows=rows)
+        return LegConfig.model_validate({**raw["leg"], "suite": suite})
+    except (KeyError, TypeError) as exc:
+        raise SubmitError(f"{leg_dir / layout.CONFIG}: no leg configuration to read ({exc})") from exc
 
 
 def _summary(path: Path) -> LegResult:
@@ -288,13 +291,15 @@ def _summary(path: Path) -> LegResult:
 def _row_timings(leg_dir: Path, config: LegConfig) -> tuple[tuple[str, Mapping[str, Any]], ...]:
     """Each row's end-of-request report from the engine, re-read from the raw events with
     the engine's own parser (what the live client saw); () when the engine sends none."""
-    events = read_jsonl(leg_dir / layout.EVENTS)
+    by_row: dict[int, list[dict[str, Any]]] = {}
+    for event in read_jsonl(leg_dir / layout.EVENTS):
+        if event.get("kind") == "chunk":
+            by_row.setdefault(int(event["row"]), []).append(event)
     out: list[tuple[str, Mapping[str, Any]]] = []
     for i, row in enumerate(config.suite.rows):
         parser = config.adapter.parser(config.endpoint)
-        for event in events:
-            if event.get("row") == i and event.get("kind") == "chunk":
-                parser.parse(json.loads(event["data"]))
+        for event in by_row.get(i, ()):
+            parser.parse(json.loads(event["data"]))
         if parser.engine_timings is None:
             return ()  # every row or none: a partial report would not describe the leg
         out.append((row.id, dict(parser.engine_timings)))
