@@ -444,7 +444,7 @@ def test_cli_dry_run_send_check_and_the_key_is_in_no_file(
         assert "nothing was sent" in dry.stdout
         dry_keyed = cli(keyed, *common)
         assert "dry-run endpoint /api/speed-tests/dry-run: HTTP 200, valid" in dry_keyed.stdout
-        assert "verification: NOT verified (1 issues)" in dry_keyed.stdout
+        assert "verification: NOT verified (1 issue)" in dry_keyed.stdout
         assert "  verification issue: engineTimingsRaw missing" in dry_keyed.stdout
         assert "--send refuses it unless --allow-unverified" in dry_keyed.stdout
         no_key = cli(base_env, *common, "--send")

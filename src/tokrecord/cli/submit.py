@@ -65,8 +65,9 @@ def _print_dry_run(result: DryRunResult) -> None:
                                f"HTTP {result.remote.status}, {verdict}"))
     v = result.verification
     if v is not None:
+        n = len(v.issues)
         out_console.print(Text(f"verification: {'verified' if v.verified else 'NOT verified'}"
-                               + (f" ({len(v.issues)} issues)" if v.issues else "")))
+                               + (f" ({n} issue{'s' if n != 1 else ''})" if n else "")))
         for issue in v.issues:
             out_console.print(Text(f"  verification issue: {issue}"))
     out_console.print(Text(f"queue: {result.prepared.queue_path} (sha256 {result.prepared.queue_sha256})"))
@@ -109,8 +110,8 @@ def _print_lifecycle(lifecycle: Lifecycle | None) -> None:
 
 
 def _finish_check(checked: Checked, wait: bool) -> None:
-    for result in checked.observations:
-        _print_check(result)
+    # Each earlier observation is one line of the lifecycle (sealed, as the last one is).
+    _print_check(checked.last)
     _print_lifecycle(checked.lifecycle)
     last = checked.last
     if not last.match or last.public_status == "REJECTED":
