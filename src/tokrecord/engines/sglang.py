@@ -163,6 +163,7 @@ class SglangEngine(Engine):
     # Its own warmup generation would precede row 0; /metrics needs --enable-metrics.
     required_args = ("--skip-server-warmup", "--enable-metrics")
     packages = ("sglang",)
+    repository = "https://github.com/sgl-project/sglang"
     programs = ("sglang",)
     modules = ("sglang",)
     cached_tokens_hint = ("meta_info.cached_tokens (SGLang's native /generate stream; its "

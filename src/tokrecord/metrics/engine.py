@@ -67,6 +67,28 @@ def parse_counters(text: str) -> dict[str, float]:
     return totals
 
 
+def timing_histograms(text: str) -> dict[str, float]:
+    """The engine's own timing histograms in a scrape: ``<name>_sum`` and ``<name>_count``
+    of every histogram or summary measured in seconds (vLLM's ``vllm:e2e_request_latency_seconds``,
+    ``vllm:time_to_first_token_seconds``, ...), summed over label sets; buckets left out."""
+    totals: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.type not in ("histogram", "summary") or not family.name.endswith("_seconds"):
+                continue
+            for sample in family.samples:
+                if sample.name in (family.name + "_sum", family.name + "_count"):
+                    totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    except ValueError as exc:
+        raise StreamError(f"cannot parse the server's /metrics text: {exc}") from exc
+    return totals
+
+
+def histogram_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """after - before for every timing series both scrapes carry and the suite moved."""
+    return {k: after[k] - before[k] for k in sorted(after) if k in before and after[k] != before[k]}
+
+
 class SpeculativeCounters(BaseModel):
     """Speculative-decoding deltas over one suite under the seeds' names (records carry
     them per leg); None where the engine does not expose the counter."""

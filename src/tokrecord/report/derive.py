@@ -36,6 +36,7 @@ from tokrecord.record.schema import (
     PackageTokrecord,
     SingleLegRecord,
 )
+from tokrecord.submit.lifecycle import lifecycles
 
 from . import fmt
 from .model import (
@@ -700,6 +701,11 @@ def identity_leg(config: Mapping[str, Any], seal: Sequence[Fact]) -> tuple[Fact,
         if client.get(key):
             facts.append(Fact(label=key, value=str(client[key])))
     return tuple(facts) + tuple(seal)
+
+
+def submissions(docs: Sequence[tuple[str, Any]]) -> tuple[str, ...]:
+    """Each submission's status and lifecycle, one line each, from the addenda."""
+    return tuple(lc.text() for lc in lifecycles(docs))
 
 
 def addenda(docs: Sequence[tuple[str, Any]]) -> tuple[Addendum, ...]:

@@ -579,6 +579,8 @@ def _identity(d: ReportData) -> str:
             ["leg", "attempt", "status", "valid", "error"],
             [[a.leg, str(a.attempt), a.status, fmt.yes_no(a.valid), a.error or ""]
              for a in d.attempts]))
+    if d.submissions:
+        parts.append("<h3>Submissions</h3>" + "".join(f"<p>{_e(line)}</p>" for line in d.submissions))
     if d.addenda:
         parts.append("<h3>Addenda</h3>" + _table(
             ["addendum", "kind", "created (UTC)", "text"],

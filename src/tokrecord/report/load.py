@@ -45,6 +45,7 @@ from .derive import (
     leg_report,
     leg_view,
     seal_facts,
+    submissions,
     verification_view,
 )
 from .model import Addendum, Fact, LegView, ReportData, Verification
@@ -178,12 +179,16 @@ def _identity_leg(directory: Path) -> tuple[Fact, ...]:
     return identity_leg(_maybe_json(directory / layout.CONFIG) or {}, _seal_facts(directory))
 
 
-def _addenda(directory: Path) -> tuple[Addendum, ...]:
+def _addenda_docs(directory: Path) -> list[tuple[str, Any]]:
     root = addenda_dir(directory)
     if not root.is_dir():
-        return ()
-    return addenda([(sub.name, _maybe_json(sub / ADDENDUM_FILE_NAME))
-                    for sub in sorted(p for p in root.iterdir() if p.is_dir())])
+        return []
+    return [(sub.name, _maybe_json(sub / ADDENDUM_FILE_NAME))
+            for sub in sorted(p for p in root.iterdir() if p.is_dir())]
+
+
+def _addenda(directory: Path) -> tuple[Addendum, ...]:
+    return addenda(_addenda_docs(directory))
 
 
 # --------------------------------------------------------------------------- verification
@@ -223,7 +228,8 @@ def load_report(
         checked = verification(directory)
     else:
         checked = NOT_VERIFIED
-    return data.model_copy(update={"verification": checked})
+    return data.model_copy(update={"verification": checked,
+                                   "submissions": submissions(_addenda_docs(directory))})
 
 
 def _experiment_report(directory: Path, *, leg: str | None, row: str | None,

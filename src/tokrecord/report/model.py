@@ -343,6 +343,8 @@ class ReportData(_Frozen):
     attempts: tuple[Attempt, ...] = ()
     addenda: tuple[Addendum, ...] = ()
     components: tuple[ComponentView, ...] = ()
+    # Each leaderboard submission's lifecycle, one line each (tokrecord.submit.lifecycle).
+    submissions: tuple[str, ...] = ()
     verification: Verification
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)

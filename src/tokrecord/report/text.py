@@ -206,6 +206,8 @@ def terminal_renderables(d: ReportData, width: int = 100) -> list[RenderableType
                                      else "red"))
     facts.add_row("gates", escape(gates_text(d)))
     v = d.verification
+    for line in d.submissions:
+        facts.add_row("submission", escape(line))
     facts.add_row("evidence", Text(evidence_text(d),
                                    style="green" if v.ok else ("red" if v.checked else "yellow")))
     legs = Table(box=None, padding=(0, 1), title="legs", title_justify="left", title_style="bold")
@@ -306,6 +308,7 @@ def render_markdown(d: ReportData) -> str:
     if record is not None:
         out.append(f"- **Record gate:** {record}")
     out.append(f"- **Gates:** {gates_text(d)}")
+    out += [f"- **Submission:** {_md(line)}" for line in d.submissions]
     out.append(f"- **Evidence:** {evidence_text(d)}")
     out += ["", "### Legs", ""]
     out += _md_table(LEG_COLUMNS, [_leg_cells(leg) for leg in d.legs],

@@ -3,8 +3,11 @@
 * ``facts``: the verified facts of a sealed record (the only I/O before a payload);
 * ``target``: the ``Target`` interface, the API key, HTTP exchanges as evidence;
 * ``contract`` and ``localmaxxing``: the first target, its local schema and client;
+* ``verified``: the verified-run evidence a payload carries, from the record;
 * ``ledger``: one record, one submission per service;
-* ``flow``: dry run (default), send, check — queue file and sealed addenda;
+* ``flow``: dry run (default), send, check (and wait) — queue file and sealed addenda;
+* ``lifecycle``: a submission's sealed observations, read back in order;
+* ``prior``: a plan's prior record, rechecked on the public API before it runs;
 * ``standin``: a local stand-in for the LocalMaxxing API, shipped for rehearsals and tests.
 """
 
@@ -14,7 +17,7 @@ import os
 from collections.abc import Callable
 
 from tokrecord.submit.facts import RecordFacts, SubmitError, load_facts
-from tokrecord.submit.localmaxxing import DEFAULT_URL, URL_ENV, LocalMaxxing
+from tokrecord.submit.localmaxxing import DEFAULT_URL, URL_ENV, USER_AGENT, USER_AGENT_ENV, LocalMaxxing
 from tokrecord.submit.target import ApiKey, PayloadOptions, Target, key_from_env
 
 __all__ = ["TARGETS", "ApiKey", "PayloadOptions", "RecordFacts", "SubmitError", "Target",
@@ -23,7 +26,8 @@ __all__ = ["TARGETS", "ApiKey", "PayloadOptions", "RecordFacts", "SubmitError", 
 
 def _localmaxxing(url: str | None) -> Target:
 
-    return LocalMaxxing(url or os.environ.get(URL_ENV) or DEFAULT_URL)
+    return LocalMaxxing(url or os.environ.get(URL_ENV) or DEFAULT_URL,
+                        user_agent=os.environ.get(USER_AGENT_ENV) or USER_AGENT)
 
 
 # name -> factory(base URL or None for the target's default); add a target here.

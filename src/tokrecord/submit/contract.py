@@ -18,10 +18,30 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+import rfc8785
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 SCHEMA_NAME: Final = "localmaxxing.speed-test/local-v1"
 KEY_PATTERN: Final = r"^bhk_[0-9a-fA-F]{40}$"
+
+# Verified-run evidence bounds. The lmx CLI's reference (cmd/lmx/skill/references/
+# speed-tests.md, "Verified-run evidence") names the fields but not their limits; these
+# are the limits public submitters work to (a 2000-character prompt sample, a
+# 4000-character output sample kept as head and tail, an engineTimingsRaw object of at
+# most 8192 bytes): assumptions until the live openapi.json says otherwise.
+PROMPT_SAMPLE_MAX: Final = 2000
+OUTPUT_SAMPLE_MAX: Final = 4000
+OUTPUT_SAMPLE_TAIL: Final = 1000  # characters of the end kept when an output is cut
+ENGINE_TIMINGS_MAX_BYTES: Final = 8192  # of its RFC 8785 JSON
+SAMPLE_CUT: Final = "\n…\n"  # stands for what a cut sample left out
 
 # Engine names the service lists as accepted (agent-context, 2026); others are
 # sent as they are and flagged, since the list grows server-side.
@@ -39,6 +59,11 @@ Short = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 Long = Annotated[str, StringConstraints(min_length=1, max_length=4000)]
 Positive = Annotated[float, Field(gt=0)]
+PromptSample = Annotated[str, StringConstraints(min_length=1, max_length=PROMPT_SAMPLE_MAX)]
+OutputSample = Annotated[str, StringConstraints(min_length=1, max_length=OUTPUT_SAMPLE_MAX)]
+# Documented by the lmx CLI: "7-64 character hexadecimal Git commit".
+Commit = Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{7,64}$")]
+Count = Annotated[int, Field(ge=0)]
 
 
 class _Wire(BaseModel):
@@ -82,9 +107,13 @@ class EngineFlags(_Wire):
     specMethod: Short | None = None
     specNumTokens: int | None = Field(default=None, ge=1)
     specModel: Text | None = None
+    specDraftTokens: Count | None = None
+    specAcceptedTokens: Count | None = None
     specAcceptanceRate: float | None = Field(default=None, ge=0, le=1)
     specMeanAcceptedLength: float | None = Field(default=None, ge=1)
     prefixCaching: bool | None = None
+    kvCacheDtype: Short | None = None
+    concurrency: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0)
     commandSnippet: Long | None = None
 
@@ -103,7 +132,9 @@ class SpeedTest(_Wire):
     peakVramGb: Positive | None = None
     modelRevision: Text | None = None
     engineVersion: Short | None = None
-    engineCommit: Short | None = None
+    engineRepository: Text | None = None
+    engineBuild: Text | None = None
+    engineCommit: Commit | None = None
     backend: Short | None = None
     promptTokens: int | None = Field(default=None, ge=1)
     outputTokens: int | None = Field(default=None, ge=1)
@@ -112,8 +143,11 @@ class SpeedTest(_Wire):
     notes: Long | None = None
     engineFlags: EngineFlags | None = None
     promptSha256: Sha256Hex | None = None
+    promptSample: PromptSample | None = None
     outputSha256: Sha256Hex | None = None
-    engineTimingsRaw: Long | None = None
+    outputSample: OutputSample | None = None
+    # The engine's own timing object, sent as JSON (what public verified runs send).
+    engineTimingsRaw: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _one_more_metric(self) -> SpeedTest:
@@ -123,9 +157,21 @@ class SpeedTest(_Wire):
                              "besides tokSOut")
         return self
 
+    @field_validator("engineTimingsRaw")
+    @classmethod
+    def _timings_bounded(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and (size := timings_size(value)) > ENGINE_TIMINGS_MAX_BYTES:
+            raise ValueError(f"is {size} bytes of JSON; at most {ENGINE_TIMINGS_MAX_BYTES}")
+        return value
+
     def wire(self) -> dict[str, Any]:
         """The JSON body to send: absent optional fields are left out, not sent as null."""
         return self.model_dump(mode="json", exclude_none=True)
+
+
+def timings_size(value: Any) -> int:
+    """Bytes of ``value`` as RFC 8785 JSON: how the engineTimingsRaw bound is measured."""
+    return len(rfc8785.dumps(value))
 
 
 class SubmissionResponse(BaseModel):
@@ -137,6 +183,22 @@ class SubmissionResponse(BaseModel):
     status: str
     verifiedRun: bool | None = None
     verificationIssues: list[Any] = Field(default_factory=list)
+
+
+class Verification(BaseModel):
+    """The dry run's ``verification`` object: would this run get the verified-run badge."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    verified: bool
+    issues: list[Any] = Field(default_factory=list)
+
+
+# What a public row's ``status`` can say; the last two are final.
+PENDING: Final = "PENDING"
+APPROVED: Final = "APPROVED"
+REJECTED: Final = "REJECTED"
+FINAL_STATUSES: Final = frozenset({APPROVED, REJECTED})
 
 
 def issues(payload: Any) -> list[str]:

@@ -10,26 +10,31 @@ candidate leg with the lowest headline, over every block
 (``metric_accounting.headline_leg``), for a single-leg record its one leg. An A/A
 record (one arm in every leg: the noise floor) makes no speed claim and is refused.
 The headline leg's own evidence (config.json, suite.jsonl, rows.json, gates.json,
-teacher.json) supplies the command line, the prompts, the token counts and the
-teacher outputs, so nothing is taken from the plan that the leg did not actually run.
+teacher.json, summary.json, events.jsonl, the /metrics scrapes) supplies the command
+line, the prompts, the outputs as streamed, the token counts, the teacher outputs and
+the engine's own timing report, so nothing is taken from the plan that the leg did not
+actually run.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from tokrecord.errors import ConfigError, TokrecordError
-from tokrecord.evidence import canonical_json, layout, read_json
+from tokrecord.evidence import canonical_json, layout, read_json, read_jsonl
 from tokrecord.evidence.seal import MANIFEST_NAME, Problem
-from tokrecord.experiment.leg import ServerSpec, load_rows
+from tokrecord.experiment.leg import LegConfig, LegResult, ServerSpec, load_rows
 from tokrecord.gates import GateResult, GateStatus
 from tokrecord.gates.teacher import load_teacher
 from tokrecord.identity import Identity, sha256_file
+from tokrecord.metrics.engine import SpeculativeCounters, histogram_deltas, timing_histograms
+from tokrecord.probes.telemetry import TelemetrySummary
 from tokrecord.record.schema import (
     AbbaRecord,
     Accounting,
@@ -39,7 +44,7 @@ from tokrecord.record.schema import (
     load_record,
 )
 from tokrecord.record.verify import verify_dir
-from tokrecord.suite import parse_suite
+from tokrecord.suite import Suite, parse_suite
 
 # An ABBA (or A/A) experiment record, v1 or v2 (v1: one block, made before v2; still
 # submitted), or a single-leg record.
@@ -49,6 +54,18 @@ T = TypeVar("T")
 
 class SubmitError(TokrecordError):
     """A submission cannot be prepared, sent or checked; the message says why."""
+
+
+@dataclass(frozen=True)
+class EngineTimings:
+    """What the engine itself reported of its timing over the headline leg, verbatim:
+    per row (llama.cpp's ``timings``, SGLang's ``meta_info``: re-read from the sealed raw
+    events) or, for engines that report timing only on /metrics, the deltas over the
+    suite of their timing histograms (the leg's two sealed scrapes)."""
+
+    source: str
+    rows: tuple[tuple[str, Mapping[str, Any]], ...] = ()  # (row id, the engine's object)
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -82,6 +99,12 @@ class RecordFacts:
     teacher_token_ids: tuple[tuple[int, ...], ...] | None  # only when every row is exact by ids
     candidate_legs: tuple[str, ...] = ()  # an ABBA experiment's, in run order (every block)
     blocks: int = 1  # an ABBA experiment's (v1 records: one)
+    output_texts: tuple[str, ...] = ()  # per row of the headline leg, as streamed
+    engine_timings: EngineTimings | None = None  # None: the engine reported none
+    draft_tokens: int | None = None  # speculative counters' deltas over the headline leg
+    accepted_draft_tokens: int | None = None
+    telemetry: TelemetrySummary | None = None  # the headline leg's
+    engine_reported: Mapping[str, str] | None = None  # what the running server said of its version
 
     @property
     def rows(self) -> int:
@@ -197,21 +220,20 @@ class Headline(NamedTuple):
     run_dir: str
     valid: bool
     ttft_ms: float | None
-    acceptance: float | None
-    emitted_per_cycle: float | None
+    spec: SpeculativeCounters
+    telemetry: TelemetrySummary | None
 
 
 def _headline(record: AnyRecord) -> Headline:
     if isinstance(record, SingleLegRecord):
         s = record.summary
         return Headline("single", "B1", record.metric_accounting, record.artifacts.run_dir,
-                        record.valid, s.ttft_ms_median, s.draft_acceptance_rate,
-                        s.emitted_tokens_per_draft_cycle)
+                        record.valid, s.ttft_ms_median, s, record.telemetry)
     refuse_no_claim(record)
     leg = _headline_leg(record, record.metric_accounting.headline_leg)
     run = record.runs_by_name()[leg]
     return Headline("abba", leg, record.metric_accounting, run.run_dir, run.valid,
-                    run.ttft_median_ms, run.draft_acceptance_rate, run.emitted_tokens_per_draft_cycle)
+                    run.ttft_median_ms, run, run.telemetry)
 
 
 TokenIds = tuple[tuple[int, ...], ...]
@@ -251,6 +273,59 @@ def _prompts(path: Path) -> list[str]:
     return [row.prompt for row in parse_suite(path.read_bytes(), layout.SUITE).rows]
 
 
+def _leg_config(leg_dir: Path) -> LegConfig:
+    """The leg's configuration as it ran (config.json with its suite), as verify rebuilds it."""
+    raw = _read_json(leg_dir / layout.CONFIG)
+    rows = parse_suite((leg_dir / layout.SUITE).read_bytes(), layout.SUITE).rows
+    try:
+        suite = Suite(name=raw["suite"]["name"], sha256=raw["suite"]["sha256"], rows=rows)
+        return LegConfig.model_validate({**raw["leg"], "suite": suite})
+    except (KeyError, TypeError) as exc:
+        raise SubmitError(f"{leg_dir / layout.CONFIG}: no leg configuration to read ({exc})") from exc
+
+
+def _summary(path: Path) -> LegResult:
+    return LegResult.model_validate(_read_json(path))
+
+
+def _row_timings(leg_dir: Path, config: LegConfig) -> tuple[tuple[str, Mapping[str, Any]], ...]:
+    """Each row's end-of-request report from the engine, re-read from the raw events with
+    the engine's own parser (what the live client saw); () when the engine sends none."""
+    by_row: dict[int, list[dict[str, Any]]] = {}
+    for event in read_jsonl(leg_dir / layout.EVENTS):
+        if event.get("kind") == "chunk":
+            by_row.setdefault(int(event["row"]), []).append(event)
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    for i, row in enumerate(config.suite.rows):
+        parser = config.adapter.parser(config.endpoint)
+        for event in by_row.get(i, ()):
+            parser.parse(json.loads(event["data"]))
+        if parser.engine_timings is None:
+            return ()  # every row or none: a partial report would not describe the leg
+        out.append((row.id, dict(parser.engine_timings)))
+    return tuple(out)
+
+
+def engine_timings(leg_dir: Path) -> EngineTimings | None:
+    """The engine's own timing report of a leg (see ``EngineTimings``); None: none."""
+    config = _leg_config(leg_dir)
+    rows = _row_timings(leg_dir, config)
+    if rows:
+        return EngineTimings(source=f"{config.engine_name}: the final event of each row's stream "
+                             f"({config.endpoint.value} endpoint), verbatim from events.jsonl",
+                             rows=rows)
+    before, after = leg_dir / layout.METRICS_BEFORE, leg_dir / layout.METRICS_AFTER
+    if not (before.is_file() and after.is_file()):
+        return None
+    deltas = histogram_deltas(timing_histograms(before.read_text(encoding="utf-8")),
+                              timing_histograms(after.read_text(encoding="utf-8")))
+    if not deltas:
+        return None
+    return EngineTimings(source=f"{config.engine_name}: its /metrics timing histograms (_sum, "
+                         "_count), after minus before the suite (metrics-before.prom, "
+                         "metrics-after.prom)", metrics=deltas)
+
+
 def facts_from_dir(record_dir: Path) -> RecordFacts:
     """The facts of a record directory, read without verifying it (see ``load_facts``)."""
     record = _typed(record_dir / layout.RECORD, load_record)
@@ -262,6 +337,8 @@ def facts_from_dir(record_dir: Path) -> RecordFacts:
     prompts = _typed(leg_dir / layout.SUITE, _prompts)
     traces = [r.trace for r in _typed(leg_dir, load_rows)]
     exact_count, teacher_ids = _teacher_ids(leg_dir, prompts)
+    summary = _typed(leg_dir / layout.SUMMARY, _summary)
+    timings = _typed(leg_dir, engine_timings)
     acc = head.accounting
     abba = None if isinstance(record, SingleLegRecord) else record
     return RecordFacts(
@@ -272,13 +349,17 @@ def facts_from_dir(record_dir: Path) -> RecordFacts:
         conventional_tok_s=acc.conventional_interval_value_tok_s,
         chunk_aware_tok_s=acc.chunk_aware_value_tok_s,
         quantisation_bound_pct=acc.quantisation_bound_pct, ttft_ms=head.ttft_ms,
-        draft_acceptance_rate=head.acceptance, emitted_tokens_per_draft_cycle=head.emitted_per_cycle,
+        draft_acceptance_rate=head.spec.draft_acceptance_rate,
+        emitted_tokens_per_draft_cycle=head.spec.emitted_tokens_per_draft_cycle,
         server_argv=server.argv, server_env=server.env, request_extra=request_extra,
         prompts=tuple(prompts), prompt_tokens=tuple(t.prompt_tokens for t in traces),
         output_tokens=tuple(t.completion_tokens or len(t.token_ids or ()) for t in traces),
         teacher_exact_count=exact_count, teacher_token_ids=teacher_ids,
         candidate_legs=candidate_legs(abba) if abba else (),
         blocks=abba.protocol.blocks if isinstance(abba, ExperimentRecordV2) else 1,
+        output_texts=tuple(t.text for t in traces), engine_timings=timings,
+        draft_tokens=head.spec.draft_tokens, accepted_draft_tokens=head.spec.accepted_draft_tokens,
+        telemetry=head.telemetry, engine_reported=summary.engine_version,
     )
 
 

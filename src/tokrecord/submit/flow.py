@@ -2,14 +2,20 @@
 
 * ``dry_run`` (the default): verify the record, build the payload, write the queue
   file (the exact bytes a send would POST) and validate them: against the service's
-  dry-run endpoint when it is reachable, always against the local schema.
+  dry-run endpoint when it is reachable (which also says whether the run would be
+  *verified*, and why not), always against the local schema.
 * ``send``: the same, then — under the ledger lock, after refusing a record already
-  submitted to that service — POST with bounded 429 retries, and seal every
-  response received (status, body, rate-limit headers) as a ``submission-receipt``
-  addendum beside the record. Only an accepted submission enters the ledger.
+  submitted to that service — the service's dry run again: a run it calls unverified
+  is refused unless ``allow_unverified``. Then POST with bounded 429 retries, and seal
+  every response received (status, body, rate-limit headers, ``verifiedRun`` and
+  ``verificationIssues``) as a ``submission-receipt`` addendum beside the record.
+  Only an accepted submission enters the ledger.
 * ``check``: fetch the public row of an accepted submission and seal a
-  ``submission-check`` addendum recording, field by field and with the time,
-  whether it matches what was sent.
+  ``submission-check`` addendum recording, field by field and with the time, whether
+  it matches what was sent, its status and the service's ``createdAt``. With
+  ``wait``, poll (backing off, within a total time, waiting out 429s) until the row is
+  APPROVED or REJECTED, sealing every observation; the submission's status is the
+  latest one (``tokrecord.submit.lifecycle``).
 
 The record directory itself is never touched: addenda are separate sealed
 directories (``<record>.addenda/NNN-kind``) and the queue file sits beside it.
@@ -21,7 +27,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -40,6 +46,7 @@ from tokrecord.identity import sha256_file
 from tokrecord.submit.facts import RecordFacts, SubmitError, Verifier, load_facts
 from tokrecord.submit.facts import verify_record as default_verify
 from tokrecord.submit.ledger import Ledger, normalise_url
+from tokrecord.submit.lifecycle import CHECK_KIND, FINAL, RECEIPT_KIND, Lifecycle, lifecycles
 from tokrecord.submit.target import (
     Acceptance,
     ApiKey,
@@ -49,14 +56,24 @@ from tokrecord.submit.target import (
     PayloadOptions,
     Sleep,
     Target,
+    Verification,
+    with_retries,
 )
 
-RECEIPT_KIND: Final = "submission-receipt"
-CHECK_KIND: Final = "submission-check"
 RECEIPT_SCHEMA: Final = "tokrecord.submission-receipt/v1"
-CHECK_SCHEMA: Final = "tokrecord.submission-check/v1"
+# v2: the service's createdAt, the observation's number in a --wait, the 429s waited out.
+CHECK_SCHEMA: Final = "tokrecord.submission-check/v2"
 
 Notify = Callable[[str], None]
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How long to wait out rate limits (HTTP 429) on any one request."""
+
+    max_retries: int = 3
+    max_wait_s: float = 900.0
 
 
 def _quiet(message: str) -> None:
@@ -134,15 +151,34 @@ class DryRunResult:
     remote: Exchange | None
     remote_valid: bool | None  # None: not validated remotely (see notes)
     notes: tuple[str, ...]
+    verification: Verification | None = None  # None: the service did not say
+    remote_error: str | None = None  # what a failed dry-run request means, for a person
 
     @property
     def valid(self) -> bool:
         return not self.local_issues and self.remote_valid is not False
 
+    @property
+    def unverified(self) -> bool:
+        """The service's dry run says this run would not get the verified-run badge."""
+        return self.verification is not None and not self.verification.verified
+
+
+def _remote_dry_run(target: Target, body: bytes, key: ApiKey | None, discovery: Discovery,
+                    sleep: Sleep, bounds: Bounds, notify: Notify) -> Exchange:
+    def waiting(seconds: float) -> None:
+        notify(f"rate limited (429): waiting {seconds:.3f} s as the service asks")
+        sleep(seconds)
+
+    notify(f"dry run: POST {discovery.dry_run_path}")
+    return with_retries(lambda _w: target.dry_run(body, key, discovery), target.retry_after,
+                        sleep=waiting, max_retries=bounds.max_retries,
+                        max_wait_s=bounds.max_wait_s)[-1]
+
 
 def dry_run(record_dir: Path, target: Target, options: PayloadOptions, *, key: ApiKey | None = None,
-            queue: Path | None = None, verify: Verifier = default_verify,
-            notify: Notify = _quiet) -> DryRunResult:
+            queue: Path | None = None, verify: Verifier = default_verify, sleep: Sleep = time.sleep,
+            bounds: Bounds = Bounds(max_wait_s=60.0), notify: Notify = _quiet) -> DryRunResult:
     prepared = prepare(record_dir, target, options, queue=queue, verify=verify, notify=notify)
     local = tuple(target.validate(prepared.built.payload))
     notify(f"asking {target.base_url} about itself (openapi.json, agent-context)")
@@ -150,23 +186,29 @@ def dry_run(record_dir: Path, target: Target, options: PayloadOptions, *, key: A
     notes = [*discovery.notes, *_schema_notes(prepared.built.payload, discovery)]
     remote: Exchange | None = None
     remote_valid: bool | None = None
+    verification: Verification | None = None
+    error: str | None = None
     if not discovery.reachable:
         notes.append("validated against the local schema only: the service is not reachable")
     else:
-        notify(f"dry run: POST {discovery.dry_run_path}")
-        remote = target.dry_run(prepared.body, key, discovery)
+        remote = _remote_dry_run(target, prepared.body, key, discovery, sleep, bounds, notify)
         if remote.status in (200, 201):
             body = remote.body
             remote_valid = not (isinstance(body, dict) and body.get("valid") is False)
+            verification = target.verification(remote)
+            if verification is None:
+                notes.append("the dry run says nothing of a verified run (no verification object)")
         elif remote.status in (400, 422):
             remote_valid = False
-        elif remote.status == 401:
+            error = target.explain(remote, key)
+        elif remote.status == 401 and key is None:
             notes.append(f"the dry-run endpoint needs an API key (set ${target.key_env}); validated "
-                         "against the local schema only")
+                         "against the local schema only, verification unknown")
         else:
-            notes.append(f"the dry-run endpoint answered {remote.status or remote.error}; validated "
-                         "against the local schema only")
-    return DryRunResult(prepared, discovery, local, remote, remote_valid, tuple(notes))
+            error = target.explain(remote, key)
+            notes.append(f"{error}; validated against the local schema only")
+    return DryRunResult(prepared, discovery, local, remote, remote_valid, tuple(notes), verification,
+                        error)
 
 
 # ---------------------------------------------------------------------------- send
@@ -180,6 +222,7 @@ class SendResult:
     acceptance: Acceptance
     receipt: dict[str, Any]
     receipt_dir: Path
+    verification: Verification | None = None  # the dry run's, just before the send
 
 
 def _addendum_receipts(record_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
@@ -222,11 +265,17 @@ def _retry_after_ms(exchanges: tuple[Exchange, ...]) -> list[Any]:
             if e.status == 429 and isinstance(e.body, dict)]
 
 
+def _verification_json(v: Verification | None) -> dict[str, Any] | None:
+    return None if v is None else {"verified": v.verified, "issues": list(v.issues)}
+
+
 def send(record_dir: Path, target: Target, options: PayloadOptions, key: ApiKey, *,
          ledger: Ledger | None = None, queue: Path | None = None, sleep: Sleep = time.sleep,
-         max_retries: int = 3, max_wait_s: float = 900.0, signing_key: SigningKey | None = None,
-         verify: Verifier = default_verify, notify: Notify = _quiet) -> SendResult:
+         max_retries: int = 3, max_wait_s: float = 900.0, allow_unverified: bool = False,
+         signing_key: SigningKey | None = None, verify: Verifier = default_verify,
+         notify: Notify = _quiet) -> SendResult:
     ledger = ledger or Ledger.default()
+    bounds = Bounds(max_retries, max_wait_s)
     prepared = prepare(record_dir, target, options, queue=queue, verify=verify, notify=notify)
     facts = prepared.facts
     with ledger.locked():
@@ -242,6 +291,21 @@ def send(record_dir: Path, target: Target, options: PayloadOptions, key: ApiKey,
         if not discovery.reachable:
             raise SubmitError(f"{target.base_url} is not reachable ({'; '.join(discovery.notes)}); "
                               "nothing was sent")
+        dry = _remote_dry_run(target, prepared.body, key, discovery, sleep, bounds, notify)
+        verification = target.verification(dry) if dry.status in (200, 201) else None
+        if dry.status in (400, 401, 403, 422, 429) or dry.status is None:
+            raise SubmitError(f"the dry run before the send failed, nothing was sent: "
+                              f"{target.explain(dry, key)}")
+        if isinstance(dry.body, dict) and dry.body.get("valid") is False:
+            raise SubmitError("the service's dry run calls the payload invalid "
+                              f"({json.dumps(dry.body)[:400]}); nothing was sent")
+        if verification is not None and not verification.verified:
+            listed = "; ".join(verification.issues) or "no reason given"
+            if not allow_unverified:
+                raise SubmitError(f"the service's dry run calls this run unverified ({listed}); "
+                                  "nothing was sent — fix what it names, or send anyway with "
+                                  "--allow-unverified")
+            notify(f"sending an unverified run (--allow-unverified): {listed}")
 
         def waiting(seconds: float) -> None:
             notify(f"rate limited (429): waiting {seconds:.3f} s as retryAfterMs asks")
@@ -268,6 +332,8 @@ def send(record_dir: Path, target: Target, options: PayloadOptions, key: ApiKey,
             "warnings": list(prepared.built.warnings),
             "discovery": discovery.to_json(),
             "auth": f"Bearer key from {key.source} (the key itself is never stored)",
+            "dry_run": {"exchange": dry.to_json(), "verification": _verification_json(verification),
+                        "allow_unverified": allow_unverified},
             "exchanges": [e.to_json() for e in exchanges],
             "sent_utc": exchanges[0].utc,
             "accepted": acceptance.accepted,
@@ -279,6 +345,7 @@ def send(record_dir: Path, target: Target, options: PayloadOptions, key: ApiKey,
             "rate_limit": dict(acceptance.rate_limit),
             "retry_after_ms": _retry_after_ms(exchanges),
             "response": last.body,
+            "error": None if acceptance.accepted else target.explain(last, key),
         }
         # Last line of defence: nothing the service echoed may carry the key to disk.
         receipt = json.loads(key.scrub(json.dumps(receipt)))
@@ -293,7 +360,7 @@ def send(record_dir: Path, target: Target, options: PayloadOptions, key: ApiKey,
                 "http_status": last.status, "utc": last.utc, "record_dir": str(record_dir.resolve()),
                 "receipt": str(receipt_dir.resolve()), "queue_sha256": prepared.queue_sha256,
             })
-    return SendResult(prepared, discovery, exchanges, acceptance, receipt, receipt_dir)
+    return SendResult(prepared, discovery, exchanges, acceptance, receipt, receipt_dir, verification)
 
 
 # --------------------------------------------------------------------------- check
@@ -337,6 +404,37 @@ class CheckResult:
         return [f for f in self.fields if not f["match"]]
 
 
+@dataclass(frozen=True)
+class WaitPolicy:
+    """How ``--check --wait`` polls: the first pause, growing by ``factor`` up to ``max_s``,
+    all of it (429 waits included) within ``total_s``."""
+
+    first_s: float = 10.0
+    factor: float = 1.5
+    max_s: float = 120.0
+    total_s: float = 1800.0
+
+    def pauses(self) -> Iterator[float]:
+        pause = self.first_s
+        while True:
+            yield pause
+            pause = min(pause * self.factor, self.max_s)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """Every observation one ``check`` made (one without ``wait``), the last one, and why
+    it stopped."""
+
+    observations: tuple[CheckResult, ...]
+    lifecycle: Lifecycle | None
+    stopped: str  # "once" | "final" | "not found" | "time" | "rate limited"
+
+    @property
+    def last(self) -> CheckResult:
+        return self.observations[-1]
+
+
 def _load_receipt(path: Path) -> dict[str, Any]:
     problems = verify_seal(path)
     if problems:
@@ -349,9 +447,87 @@ def _load_receipt(path: Path) -> dict[str, Any]:
     return payload
 
 
+def _observe(record_dir: Path, target: Target, facts: RecordFacts, receipt_dir: Path,
+             receipt: Mapping[str, Any], discovery: Discovery, number: int, waiting: bool,
+             sleep: Sleep, bounds: Bounds, key: SigningKey, ledger: Ledger,
+             notify: Notify) -> CheckResult:
+    """One look at the public row, sealed as a submission-check addendum."""
+    submission_id = str(receipt.get("submission_id"))
+    sent = receipt.get("queue") or {}
+
+    def wait_429(seconds: float) -> None:
+        notify(f"rate limited (429): waiting {seconds:.3f} s as the service asks")
+        sleep(seconds)
+
+    notify(f"fetching the public row {submission_id}")
+    exchanges = with_retries(lambda _w: target.fetch(submission_id, discovery), target.retry_after,
+                             sleep=wait_429, max_retries=bounds.max_retries,
+                             max_wait_s=bounds.max_wait_s)
+    exchange = exchanges[-1]
+    row = target.public_row(exchange)
+    found = row is not None
+    fields = tuple(compare(sent, row.fields)) if row is not None else ()
+    match = found and all(f["match"] for f in fields)
+    status = row.status if row is not None else None
+    mismatched = [f for f in fields if not f["match"]]
+    if row is not None:
+        text = (f"public row {submission_id}: {status} (created {row.created_at}); {len(fields)} fields "
+                + ("all match" if match else f"{len(mismatched)} differ: "
+                   + ", ".join(f["field"] for f in mismatched)))
+    else:
+        text = f"public row {submission_id}: not found ({target.explain(exchange, None)})"
+    result: dict[str, Any] = {
+        "schema": CHECK_SCHEMA,
+        "target": target.name,
+        "base_url": target.base_url,
+        "submission_id": submission_id,
+        "record_manifest_sha256": facts.manifest_sha256,
+        "receipt_addendum": receipt_dir.name,
+        "receipt_manifest_sha256": sha256_file(receipt_dir / MANIFEST_NAME),
+        "observation": number,
+        "wait": waiting,
+        "checked_utc": exchange.utc,
+        "found": found,
+        "match": match,
+        "public_status": status,
+        "public_created_at": row.created_at if row is not None else None,
+        "fields_compared": len(fields),
+        "mismatches": mismatched,
+        "fields": list(fields),
+        "exchange": exchange.to_json(),
+        "rate_limited": [e.to_json() for e in exchanges[:-1]],
+        "text": text,
+    }
+    check_dir = write_addendum(record_dir, CHECK_KIND, result, key)
+    notify(f"observation {number} sealed: {check_dir.name}: {text}")
+    ledger.append({"event": "checked", "record_manifest_sha256": facts.manifest_sha256,
+                   "target": target.name, "base_url": target.base_url, "submission_id": submission_id,
+                   "match": match, "found": found, "status": status, "utc": exchange.utc,
+                   "check": str(check_dir.resolve())})
+    return CheckResult(submission_id, exchange, found, match, fields, status, result, check_dir)
+
+
+def submission_lifecycle(record_dir: Path, target: Target) -> Lifecycle | None:
+    """This record's latest submission to ``target``'s service, as its sealed addenda say."""
+    root = addenda_dir(record_dir)
+    docs: list[tuple[str, Any]] = []
+    if root.is_dir():
+        for sub in sorted(root.iterdir()):
+            try:
+                docs.append((sub.name, json.loads((sub / ADDENDUM_FILE_NAME).read_text(encoding="utf-8"))))
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+                continue
+    mine = [lc for lc in lifecycles(docs) if lc.target == target.name
+            and normalise_url(lc.base_url) == normalise_url(target.base_url)]
+    return mine[-1] if mine else None
+
+
 def check(record_dir: Path, target: Target, *, ledger: Ledger | None = None,
           signing_key: SigningKey | None = None, verify: Verifier = default_verify,
-          notify: Notify = _quiet) -> CheckResult:
+          wait: bool = False, policy: WaitPolicy = WaitPolicy(), bounds: Bounds = Bounds(),
+          sleep: Sleep = time.sleep, clock: Clock = time.monotonic,
+          notify: Notify = _quiet) -> Checked:
+    """Observe the public row once, or with ``wait`` until it is final (or time is up)."""
     ledger = ledger or Ledger.default()
     notify(f"verifying {record_dir}")
     facts = load_facts(record_dir, verify)  # an addendum never vouches for altered evidence
@@ -364,37 +540,40 @@ def check(record_dir: Path, target: Target, *, ledger: Ledger | None = None,
                           f"({ledger.path}) or beside the record; nothing to check")
     receipt_dir = Path(str(earlier["receipt"]))
     receipt = _load_receipt(receipt_dir)
-    submission_id = str(receipt.get("submission_id"))
-    sent = receipt.get("queue") or {}
     discovery = target.discover()
     if not discovery.reachable:
         raise SubmitError(f"{target.base_url} is not reachable ({'; '.join(discovery.notes)})")
-    notify(f"fetching the public row {submission_id}")
-    exchange = target.fetch(submission_id, discovery)
-    found = exchange.status == 200
-    row = target.row_fields(exchange.body) if found else {}
-    fields = tuple(compare(sent, row)) if found else ()
-    match = found and all(f["match"] for f in fields)
-    result: dict[str, Any] = {
-        "schema": CHECK_SCHEMA,
-        "target": target.name,
-        "base_url": target.base_url,
-        "submission_id": submission_id,
-        "record_manifest_sha256": facts.manifest_sha256,
-        "receipt_addendum": receipt_dir.name,
-        "receipt_manifest_sha256": sha256_file(receipt_dir / MANIFEST_NAME),
-        "checked_utc": exchange.utc,
-        "found": found,
-        "match": match,
-        "public_status": row.get("status") if isinstance(row, Mapping) else None,
-        "fields_compared": len(fields),
-        "mismatches": [f for f in fields if not f["match"]],
-        "fields": list(fields),
-        "exchange": exchange.to_json(),
-    }
-    check_dir = write_addendum(record_dir, CHECK_KIND, result, signing_key or load_or_create_key())
-    ledger.append({"event": "checked", "record_manifest_sha256": facts.manifest_sha256,
-                   "target": target.name, "base_url": target.base_url, "submission_id": submission_id,
-                   "match": match, "found": found, "utc": exchange.utc, "check": str(check_dir.resolve())})
-    return CheckResult(submission_id, exchange, found, match, fields, result["public_status"], result,
-                       check_dir)
+    key = signing_key or load_or_create_key()
+    start = clock()
+
+    def remaining() -> float:
+        return max(0.0, policy.total_s - (clock() - start))
+
+    observations: list[CheckResult] = []
+    pauses = policy.pauses()
+    stopped = "once"
+    while True:
+        per_request = Bounds(bounds.max_retries, min(bounds.max_wait_s, remaining()) if wait
+                             else bounds.max_wait_s)
+        result = _observe(record_dir, target, facts, receipt_dir, receipt, discovery,
+                          len(observations) + 1, wait, sleep, per_request, key, ledger, notify)
+        observations.append(result)
+        if not wait:
+            break
+        if result.exchange.status == 429:
+            stopped = "rate limited"
+            break
+        if not result.found:
+            stopped = "not found"
+            break
+        if result.public_status in FINAL:
+            stopped = "final"
+            break
+        pause = next(pauses)
+        if pause > remaining():
+            stopped = "time"
+            break
+        notify(f"status {result.public_status}: next look in {pause:g} s "
+               f"({remaining():.0f} s of --wait-max-s left)")
+        sleep(pause)
+    return Checked(tuple(observations), submission_lifecycle(record_dir, target), stopped)

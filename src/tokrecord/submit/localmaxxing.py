@@ -7,10 +7,15 @@ id is invented, no hardware is assumed, no quantization is inferred from a name.
 
 ``LocalMaxxing`` is the HTTP side: discovery through ``/api/openapi.json`` and
 ``/api/agent-context`` (which path the service takes: ``/api/speed-tests`` or the
-older ``/api/benchmarks``), the ``/dry-run`` twin, the send with bounded 429
-retries that honour ``retryAfterMs``, and the fetch of the public row. Connect
-timeouts are short: an unreachable service is reported at once and the dry run
-falls back to the local schema.
+older ``/api/benchmarks``), the ``/dry-run`` twin and its ``verification``, the send
+with bounded 429 retries that honour ``retryAfterMs``, and the fetch of a public row
+(a submission's, or a plan's prior). Connect timeouts are short: an unreachable
+service is reported at once and the dry run falls back to the local schema.
+
+``explain`` turns a failed exchange into something a person can act on: a 403 from
+the CDN in front of the service (it blocks some default client user agents) is named
+as such, a 401 says the key is missing or wrong (never what it is), a 400 lists the
+service's field errors and its ``suggestedHfId``, a 429 says how long to wait.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from tokrecord.record.schema import (
     Hardware,
     SingleLegRecord,
 )
-from tokrecord.submit import contract
+from tokrecord.submit import contract, verified
 from tokrecord.submit.facts import RecordFacts, SubmitError, median_low, output_sha256, prompt_sha256
 from tokrecord.submit.target import (
     Acceptance,
@@ -48,20 +53,27 @@ from tokrecord.submit.target import (
     Discovery,
     Exchange,
     PayloadOptions,
+    PublicRow,
     Sleep,
+    Verification,
+    with_retries,
 )
 
 NAME: Final = "localmaxxing"
 DEFAULT_URL: Final = "https://localmaxxing.com"
 URL_ENV: Final = "LOCALMAXXING_URL"
 KEY_ENV: Final = "LOCALMAXXING_API_KEY"
+USER_AGENT_ENV: Final = "LOCALMAXXING_USER_AGENT"
+USER_AGENT: Final = f"tokrecord/{__version__} (+https://localmaxxing.com speed-test submission)"
 SPEED_TESTS: Final = "/api/speed-tests"
 BENCHMARKS: Final = "/api/benchmarks"  # the older name of the same endpoint
 OPENAPI: Final = "/api/openapi.json"
 AGENT_CONTEXT: Final = "/api/agent-context"
 # Response headers worth keeping as evidence; everything else is noise.
 KEPT_HEADERS: Final = ("content-type", "date", "location", "retry-after", "x-ratelimit-limit",
-                       "x-ratelimit-remaining", "x-ratelimit-reset")
+                       "x-ratelimit-remaining", "x-ratelimit-reset",
+                       # Which CDN answered: a 403 from one is not the API's.
+                       "server", "cf-ray", "cf-mitigated", "x-vercel-id", "x-vercel-mitigated")
 # Server env vars that may hold credentials never reach a public command snippet.
 _SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|(^|_)KEY($|_)|AUTH", re.IGNORECASE)
 
@@ -193,6 +205,9 @@ def _engine_version(facts: RecordFacts, engine: str) -> tuple[str | None, str]:
         for name in (*names, *sorted(k for k in lock if k.startswith(names[0]))):
             if name in lock:
                 return str(lock[name]), f"identity.json runtime_locks.{env}[{name}]"
+    said = (facts.engine_reported or {}).get("version")
+    if said:
+        return str(said)[:64], f"what the running server said (summary.json engine_version, leg {facts.leg})"
     return None, "not in the record's runtime locks"
 
 
@@ -259,7 +274,9 @@ def notes_text(facts: RecordFacts, out_sha: str | None) -> str:
         f"tok/s; per-token quantisation bound {_fmt(facts.quantisation_bound_pct, 2)} %.",
         "ttftMs = median over rows; promptTokens/outputTokens = lower median over rows; one request "
         "at a time, fresh server, no warmup, no cache.",
-        "promptSha256 = sha256 of the RFC 8785 JSON array of the prompt strings in row order.",
+        "promptSha256 = sha256 of the RFC 8785 JSON array of the prompt strings in row order "
+        "(promptSample: that array, cut when long; outputSample: the same form of the leg's "
+        "outputs as streamed).",
     ]
     if out_sha is not None:
         parts.append("outputSha256 = sha256 of the RFC 8785 JSON array of the teacher's token-id "
@@ -323,16 +340,29 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
     flags, flag_notes = _speculative(argv, engine)
     warnings += flag_notes
     if flags.get("specDecoding"):
+        if facts.draft_tokens is not None:
+            flags["specDraftTokens"] = facts.draft_tokens
+        if facts.accepted_draft_tokens is not None:
+            flags["specAcceptedTokens"] = facts.accepted_draft_tokens
         if facts.draft_acceptance_rate is not None:
             flags["specAcceptanceRate"] = facts.draft_acceptance_rate
         if facts.emitted_tokens_per_draft_cycle is not None:
             flags["specMeanAcceptedLength"] = facts.emitted_tokens_per_draft_cycle
+        if facts.draft_tokens is None or facts.accepted_draft_tokens is None:
+            warnings.append(f"speculative decoding is on, but leg {facts.leg} has no engine counter of "
+                            "draft and accepted tokens: specDraftTokens/specAcceptedTokens left out")
     tp = arg_value(argv, "--tensor-parallel-size", "-tp", "--tp-size", "--tp")
     if tp and tp.isdigit():
         flags["tensorParallel"] = int(tp)
     prefix = _prefix_caching(argv)
     if prefix is not None:
         flags["prefixCaching"] = prefix
+    kv_dtype = verified.kv_cache_dtype(argv)
+    if kv_dtype is not None:
+        flags["kvCacheDtype"] = kv_dtype
+    single = _single_active(facts.record)
+    if single:
+        flags["concurrency"] = 1
     flags["temperature"] = float(facts.request_extra.get("temperature", 0))
     snippet, snippet_notes = command_snippet(argv, facts.server_env)
     flags["commandSnippet"] = snippet
@@ -344,25 +374,48 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
     if out_sha is None:
         warnings.append(f"outputSha256 left out: not every row of leg {facts.leg} was token-exact "
                         f"against a teacher (teacher_exact: {facts.teacher_exact_count or 'not tested'})")
+    repository, why = verified.engine_repository(facts, engine)
+    derivation.append(why)
+    build, why = verified.engine_build(facts, engine, _engine_packages(engine))
+    derivation.append(why)
+    p_sample, why = verified.prompt_sample(facts)
+    derivation.append(why)
+    o_sample, why = verified.output_sample(facts)
+    derivation.append(why)
+    timings, why = verified.engine_timings_raw(facts)
+    derivation.append(why)
+    if timings is None:
+        warnings.append(why.removeprefix("engineTimingsRaw: left out ").strip("()")
+                        + ": engineTimingsRaw left out, which the verified-run badge asks for")
+    vram = verified.peak_vram_gb(facts.telemetry)
+    derivation.append(f"peakVramGb: leg {facts.leg}'s telemetry, the sum over accelerators of each "
+                      "one's highest memory use in the suite window" if vram is not None else
+                      "peakVramGb: left out (no accelerator memory in the leg's telemetry)")
     payload: dict[str, Any] = {
         "hfId": hf_id,
         "modelRevision": revision,
         "hardware": hardware,
         "engineName": engine,
         "engineVersion": version,
+        "engineRepository": repository,
+        "engineBuild": build,
         "engineCommit": commit,
         "quantization": quant,
         "backend": _backend(facts.record.hardware),
         "tokSOut": facts.headline_tok_s,
         "ttftMs": facts.ttft_ms,
+        "peakVramGb": vram,
         "promptTokens": median_low(facts.prompt_tokens),
         "outputTokens": median_low(facts.output_tokens),
         "contextLength": _int_or_none(arg_value(argv, "--max-model-len", "--context-length",
                                                 "--ctx-size", "-c")),
-        "batchSize": 1 if _single_active(facts.record) else None,
+        "batchSize": 1 if single else None,
         "engineFlags": flags,
         "promptSha256": prompt_sha256(facts),
+        "promptSample": p_sample,
         "outputSha256": out_sha,
+        "outputSample": o_sample,
+        "engineTimingsRaw": timings,
         "notes": notes_text(facts, out_sha),
     }
     derivation += [
@@ -374,6 +427,8 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
         "batchSize: 1, from the single_active_generation gate" if payload["batchSize"] else
         "batchSize: left out (single active generation not proven)",
         "promptSha256/outputSha256: see notes for the exact definitions",
+        "concurrency: 1, from the single_active_generation gate" if flags.get("concurrency") else
+        "concurrency: left out (single active generation not proven)",
     ]
     try:
         model = contract.SpeedTest.model_validate({k: v for k, v in payload.items() if v is not None})
@@ -420,12 +475,14 @@ class LocalMaxxing:
     key_pattern = contract.KEY_PATTERN
 
     def __init__(self, base_url: str = DEFAULT_URL, *, transport: httpx.BaseTransport | None = None,
-                 connect_timeout_s: float = 3.0, timeout_s: float = 30.0) -> None:
+                 connect_timeout_s: float = 3.0, timeout_s: float = 30.0,
+                 user_agent: str = USER_AGENT) -> None:
         self.base_url = base_url.rstrip("/")
+        self.user_agent = user_agent
         self._client = httpx.Client(
             base_url=self.base_url, transport=transport, follow_redirects=False,
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-            headers={"User-Agent": f"tokrecord/{__version__}", "Accept": "application/json"})
+            headers={"User-Agent": user_agent, "Accept": "application/json"})
 
     def close(self) -> None:
         self._client.close()
@@ -524,21 +581,38 @@ class LocalMaxxing:
     def send(self, body: bytes, key: ApiKey, discovery: Discovery, *, sleep: Sleep, max_retries: int,
              max_wait_s: float) -> list[Exchange]:
         """POST once, then again after each 429's ``retryAfterMs`` (bounded in count and time)."""
-        exchanges: list[Exchange] = []
-        waited = 0.0
-        total = 0.0
-        for attempt in range(max_retries + 1):
-            exchange = self._request("POST", discovery.submit_path, body=body, key=key, waited_s=waited)
-            exchanges.append(exchange)
-            if exchange.status != 429:
-                break
-            delay = retry_after_s(exchange)
-            if delay is None or attempt == max_retries or total + delay > max_wait_s:
-                break
-            sleep(delay)
-            waited = delay
-            total += delay
-        return exchanges
+        return with_retries(
+            lambda waited: self._request("POST", discovery.submit_path, body=body, key=key,
+                                         waited_s=waited),
+            retry_after_s, sleep=sleep, max_retries=max_retries, max_wait_s=max_wait_s)
+
+    def verification(self, exchange: Exchange) -> Verification | None:
+        """The dry run's ``verification`` ({verified, issues}); None when it gave none."""
+        body = exchange.body
+        if exchange.status not in (200, 201) or not isinstance(body, Mapping):
+            return None
+        try:
+            v = contract.Verification.model_validate(body.get("verification"))
+        except ValidationError:
+            return None
+        return Verification(v.verified, tuple(_issue_text(i) for i in v.issues))
+
+    def retry_after(self, exchange: Exchange) -> float | None:
+        return retry_after_s(exchange)
+
+    def public_row(self, exchange: Exchange) -> PublicRow | None:
+        if exchange.status != 200:
+            return None
+        row = self.row_fields(exchange.body)
+        tok = row.get("tokSOut")
+        status, created = row.get("status"), row.get("createdAt")
+        return PublicRow(fields=row, status=str(status) if status is not None else None,
+                         created_at=str(created) if created is not None else None,
+                         tok_s=float(tok) if isinstance(tok, int | float) and not isinstance(tok, bool)
+                         else None)
+
+    def explain(self, exchange: Exchange, key: ApiKey | None) -> str:
+        return explain(exchange, key, self.user_agent)
 
     def accept(self, exchange: Exchange) -> Acceptance:
         rate = {k: v for k, v in exchange.headers.items() if k.startswith("x-ratelimit-")}
@@ -580,3 +654,96 @@ def retry_after_s(exchange: Exchange) -> float | None:
         except ValueError:
             return None
     return None
+
+
+# ---------------------------------------------------------------------- errors
+
+
+def _issue_text(issue: Any) -> str:
+    """One field error as ``field: message``, whatever shape the service gave it."""
+    if isinstance(issue, Mapping):
+        where = issue.get("path") or issue.get("field") or issue.get("loc")
+        if isinstance(where, list | tuple):
+            where = ".".join(str(p) for p in where)
+        message = issue.get("message") or issue.get("msg") or json.dumps(issue, sort_keys=True)
+        return f"{where}: {message}" if where else str(message)
+    return str(issue)
+
+
+def field_errors(body: Any) -> list[str]:
+    """The service's field errors in a 400 body: ``issues``/``errors`` lists, or a
+    ``fieldErrors`` mapping (field -> messages), at the top level or under ``details``."""
+    if not isinstance(body, Mapping):
+        return []
+    out: list[str] = []
+    for node in (body, body.get("details"), body.get("error")):
+        if not isinstance(node, Mapping):
+            continue
+        for name in ("issues", "errors"):
+            value = node.get(name)
+            if isinstance(value, list):
+                out += [_issue_text(i) for i in value]
+            elif isinstance(value, Mapping):
+                out += [f"{k}: {'; '.join(map(str, v)) if isinstance(v, list) else v}"
+                        for k, v in value.items()]
+        fields = node.get("fieldErrors")
+        if isinstance(fields, Mapping):
+            out += [f"{k}: {'; '.join(map(str, v)) if isinstance(v, list) else v}"
+                    for k, v in fields.items()]
+    return list(dict.fromkeys(out))
+
+
+def _error_text(body: Any) -> str:
+    if isinstance(body, Mapping):
+        for name in ("error", "message", "detail"):
+            if isinstance(body.get(name), str):
+                return str(body[name])
+        return json.dumps(body, sort_keys=True)[:300]
+    return str(body or "")[:300]
+
+
+def from_cdn(exchange: Exchange) -> bool:
+    """A response the CDN in front of the service wrote, not the API: an HTML (or other
+    non-JSON) body, or a CDN's own mitigation header."""
+    h = exchange.headers
+    if h.get("cf-mitigated") or h.get("x-vercel-mitigated"):
+        return True
+    return not isinstance(exchange.body, Mapping) and (
+        "json" not in h.get("content-type", "") or bool(h.get("cf-ray") or h.get("x-vercel-id")))
+
+
+def explain(exchange: Exchange, key: ApiKey | None, user_agent: str) -> str:
+    """What went wrong with ``exchange``, said so that a person can act on it."""
+    where = f"{exchange.method} {exchange.url}"
+    status = exchange.status
+    if status is None:
+        return f"{where}: no response ({exchange.error})"
+    if status == 403 and from_cdn(exchange):
+        server = exchange.headers.get("server")
+        return (f"{where}: HTTP 403 from the CDN in front of the service{f' ({server})' if server else ''}, "
+                "not from the API: it blocks some default client user agents. This request sent "
+                f"User-Agent {user_agent!r}; set ${USER_AGENT_ENV} to another one (or try another "
+                "network) and run again")
+    if status == 401:
+        which = ("no key was sent" if key is None else
+                 f"the key from {key.source} was refused: it is missing on the service or wrong")
+        return (f"{where}: HTTP 401, the API key is missing or wrong ({which}); put a valid bhk_ key "
+                f"from your LocalMaxxing account in ${KEY_ENV} (it is read from there only, and "
+                "never printed or stored)")
+    if status == 403:
+        return f"{where}: HTTP 403 from the API: {_error_text(exchange.body)}"
+    if status in (400, 422):
+        errors = field_errors(exchange.body)
+        text = f"{where}: HTTP {status}, the service refused the payload: {_error_text(exchange.body)}"
+        if errors:
+            text += "; field errors: " + "; ".join(errors)
+        suggested = exchange.body.get("suggestedHfId") if isinstance(exchange.body, Mapping) else None
+        if suggested:
+            text += f"; the service suggests hfId {suggested!r} (give it with --hf-id)"
+        return text
+    if status == 429:
+        delay = retry_after_s(exchange)
+        return (f"{where}: HTTP 429, rate limited" + (f"; the service asks to wait {delay:.1f} s, more "
+                "than the bounds allow (raise --max-wait-s, or try later)" if delay is not None else
+                "; the service did not say for how long: try later"))
+    return f"{where}: HTTP {status}: {_error_text(exchange.body)}"

@@ -10,20 +10,41 @@ Routes (``BASE`` is ``/api/speed-tests``, or ``/api/benchmarks`` with
 
     GET  /api/openapi.json     OpenAPI 3.1 with the local schema of the payload
     GET  /api/agent-context    the endpoints, auth and rate limit, machine-readable
-    POST BASE/dry-run          401 without a key; 400 + issues, or 200 {valid: true}
+    POST BASE/dry-run          401 without a key; 400 + issues (and suggestedHfId), or
+                               200 {valid: true, verification: {verified, issues}}
     POST BASE                  401 without a key; 400 bad payload; 429 past the rate
                                limit (body retryAfterMs, header Retry-After); 201
                                {id, status, verifiedRun, verificationIssues} with
                                X-RateLimit-Remaining / X-RateLimit-Reset
     GET  BASE/{id}             the public row: id, status, createdAt and the payload
+                               (a submission's, or one of the --rows given at start,
+                               such as a plan's prior); 429 past --poll-rate-limit
     PATCH BASE/{id}            (--allow-edits only) change fields of a row, to
                                rehearse a public row that no longer matches
 
 Keys: any ``bhk_`` + 40 hex is accepted, or with ``--key-sha256`` only the key
 with that sha256 (so a test never has to put the key itself on a command line).
 The rate limit is a sliding window per key over accepted submissions (default:
-1 per 300 s, the public service's). ``verifiedRun`` here means the payload
-carries both evidence hashes; the public service's own checks are its business.
+1 per 300 s, the public service's).
+
+Approval: a submitted row is PENDING; with ``--approve-after N`` (or
+``--reject-after N``) it becomes APPROVED (REJECTED, with ``rejectionReason``) on
+the Nth GET of it, so a rehearsal of ``--check --wait`` sees the whole lifecycle;
+``--approve`` makes rows APPROVED at once.
+
+Verification (``verification`` in the dry run, ``verifiedRun`` and
+``verificationIssues`` on submit) follows the evidence the lmx CLI's reference lists
+for the verified-run badge: promptSha256, promptSample, outputSha256, outputSample and
+engineTimingsRaw present; batchSize and engineFlags.concurrency 1; engineFlags.temperature
+given; speculative runs with specDraftTokens and specAcceptedTokens; engineVersion or
+engineCommit; and, with ``--min-output-tokens``, enough output tokens. The public
+service's own checks are its business: these are the documented ones.
+
+The CDN: ``--block-user-agent TEXT`` answers any request whose User-Agent contains
+TEXT with an HTML 403 from a CDN (headers ``Server: cloudflare``, ``cf-mitigated``),
+as the public site's CDN does for some default client user agents. ``--unknown-hf-id
+ID=SUGGESTION`` refuses a payload naming ID with a 400 carrying field errors and
+``suggestedHfId``.
 
 ``--log FILE`` (JSONL, created exclusively) records every request: method, path,
 status, whether a bearer key was present, and the JSON body; never the
@@ -68,6 +89,15 @@ class StandinConfig:
     key_sha256: str | None = None
     approve: bool = False
     allow_edits: bool = False
+    approve_after: int | None = None  # GETs of a row until it is APPROVED
+    reject_after: int | None = None  # ... or REJECTED
+    reject_reason: str = "rejected by the stand-in (--reject-after)"
+    rows: Path | None = None  # JSON list of public rows served from the start
+    min_output_tokens: int = 0
+    block_user_agents: tuple[str, ...] = ()
+    unknown_hf_ids: tuple[tuple[str, str], ...] = ()  # (hfId, suggestedHfId)
+    poll_rate_limit: int | None = None  # GETs of rows per window (all clients)
+    poll_window_s: float = 60.0
 
     @property
     def base(self) -> str:
@@ -123,6 +153,39 @@ def agent_context(config: StandinConfig, url: str) -> dict[str, Any]:
     }
 
 
+def verification_issues(payload: dict[str, Any], config: StandinConfig) -> list[str]:
+    """Why a valid payload would not be a verified run (see the module docstring)."""
+    out = [f"{name} missing" for name in ("promptSha256", "promptSample", "outputSha256",
+                                          "outputSample", "engineTimingsRaw") if name not in payload]
+    flags = payload.get("engineFlags") or {}
+    if payload.get("batchSize") != 1:
+        out.append("batchSize must be 1 for a verified run")
+    if flags.get("concurrency") != 1:
+        out.append("engineFlags.concurrency must be 1 for a verified run")
+    if "temperature" not in flags:
+        out.append("engineFlags.temperature missing")
+    if flags.get("specDecoding") and not {"specDraftTokens", "specAcceptedTokens"} <= set(flags):
+        out.append("speculative run without engineFlags.specDraftTokens and specAcceptedTokens")
+    if "engineVersion" not in payload and "engineCommit" not in payload:
+        out.append("engineVersion or engineCommit missing")
+    n = payload.get("outputTokens")
+    if config.min_output_tokens and (not isinstance(n, int) or n < config.min_output_tokens):
+        out.append(f"outputTokens {n} below {config.min_output_tokens}")
+    return out
+
+
+def load_rows(path: Path) -> dict[str, dict[str, Any]]:
+    """Rows to serve from the start (``--rows``): a JSON list of objects, each with an id."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, list) or not all(isinstance(r, dict) and r.get("id") for r in data):
+        raise ValueError(f"{path}: --rows takes a JSON list of objects, each with an id")
+    return {str(r["id"]): dict(r) for r in data}
+
+
+CDN_PAGE = (b"<!DOCTYPE html><html><head><title>Attention Required!</title></head><body>"
+            b"<h1>Sorry, you have been blocked</h1></body></html>")
+
+
 def _utc_ms() -> str:
     now = datetime.now(UTC)
     return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
@@ -133,7 +196,8 @@ class StandinServer(LocalHTTPServer):
 
     def __init__(self, config: StandinConfig) -> None:
         self.config = config
-        self.rows: dict[str, dict[str, Any]] = {}
+        self.rows: dict[str, dict[str, Any]] = load_rows(config.rows) if config.rows else {}
+        self.polls: collections.Counter[str] = collections.Counter()
         self.accepted: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
         self.lock = threading.Lock()
         self._log: IO[bytes] | None = open(config.log, "xb") if config.log else None  # noqa: SIM115
@@ -164,23 +228,45 @@ class StandinServer(LocalHTTPServer):
         super().server_close()
         self.close_log()
 
-    def take_slot(self, key_id: str) -> tuple[bool, float, int, float]:
-        """(allowed, retry_after_s, remaining, reset_unix) for one more submission now."""
+    def take_slot(self, key_id: str, limit: int | None = None,
+                  window_s: float | None = None) -> tuple[bool, float, int, float]:
+        """(allowed, retry_after_s, remaining, reset_unix) for one more request now
+        (a submission by default; row GETs pass their own limit)."""
         cfg = self.config
+        limit = cfg.rate_limit if limit is None else limit
+        span = cfg.window_s if window_s is None else window_s
         now = time.time()
         with self.lock:
             window = self.accepted[key_id]
-            while window and window[0] + cfg.window_s <= now:
+            while window and window[0] + span <= now:
                 window.popleft()
-            if len(window) >= cfg.rate_limit:
-                return False, window[0] + cfg.window_s - now, 0, window[0] + cfg.window_s
+            if len(window) >= limit:
+                return False, window[0] + span - now, 0, window[0] + span
             window.append(now)
-            return True, 0.0, cfg.rate_limit - len(window), window[0] + cfg.window_s
+            return True, 0.0, limit - len(window), window[0] + span
+
+    def poll(self, row_id: str) -> dict[str, Any] | None:
+        """A public row as one more GET sees it (the approval lifecycle moves on GETs)."""
+        cfg = self.config
+        with self.lock:
+            row = self.rows.get(row_id)
+            if row is None:
+                return None
+            self.polls[row_id] += 1
+            n = self.polls[row_id]
+            if row.get("status") == "PENDING":
+                if cfg.reject_after is not None and n >= cfg.reject_after:
+                    row.update(status="REJECTED", rejectionReason=cfg.reject_reason,
+                               reviewedAt=_utc_ms())
+                elif cfg.approve_after is not None and n >= cfg.approve_after:
+                    row.update(status="APPROVED", reviewedAt=_utc_ms())
+            return dict(row)
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "tokrecord-localmaxxing-standin/1"
+    _as_cdn = False  # answering as the CDN (its Server header)
 
     @property
     def standin(self) -> StandinServer:
@@ -190,10 +276,11 @@ class _Handler(BaseHTTPRequestHandler):
         sys.stderr.write("standin: " + (format % args) + "\n")
 
     def _reply(self, status: int, body: Any, headers: dict[str, str] | None = None,
-               request_body: Any = None, auth: str = "none") -> None:
-        data = json.dumps(body).encode()
+               request_body: Any = None, auth: str = "none", content_type: str = "application/json",
+               ) -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         for name, value in (headers or {}).items():
             self.send_header(name, value)
@@ -220,17 +307,47 @@ class _Handler(BaseHTTPRequestHandler):
             return "unknown", None
         return "bearer", digest
 
+    def _cdn_blocked(self) -> bool:
+        """The CDN in front of the public site refuses some user agents before the API."""
+        agent = self.headers.get("User-Agent") or ""
+        if not any(text in agent for text in self.standin.config.block_user_agents):
+            self._as_cdn = False
+            return False
+        self._as_cdn = True  # the Server header names the CDN, not the stand-in
+        self._reply(403, CDN_PAGE, headers={"cf-mitigated": "challenge",
+                                            "cf-ray": "0000000000000000-LHR"},
+                    content_type="text/html; charset=UTF-8")
+        return True
+
+    def version_string(self) -> str:
+        return "cloudflare" if self._as_cdn else super().version_string()
+
+    def _rate_limited(self, key_id: str, limit: int | None = None, window_s: float | None = None,
+                      request_body: Any = None, auth: str = "none") -> tuple[bool, int, float]:
+        """Answer 429 when the window is full; else (False, remaining, reset)."""
+        allowed, retry_s, remaining, reset = self.standin.take_slot(key_id, limit, window_s)
+        if allowed:
+            return False, remaining, reset
+        retry_ms = max(1, math.ceil(retry_s * 1000))
+        self._reply(429, {"error": "Rate limit exceeded", "retryAfterMs": retry_ms},
+                    headers={"Retry-After": str(math.ceil(retry_s)), "X-RateLimit-Remaining": "0",
+                             "X-RateLimit-Reset": str(math.ceil(reset))},
+                    request_body=request_body, auth=auth)
+        return True, 0, reset
+
     def do_GET(self) -> None:
         cfg = self.standin.config
+        if self._cdn_blocked():
+            return
         if self.path == OPENAPI:
             self._reply(200, openapi_document(cfg))
         elif self.path == AGENT_CONTEXT:
             self._reply(200, agent_context(cfg, self.standin.url))
         elif self.path.startswith(cfg.base + "/"):
-            row_id = self.path[len(cfg.base) + 1:]
-            with self.standin.lock:
-                row = self.standin.rows.get(row_id)
-                row = dict(row) if row is not None else None
+            if cfg.poll_rate_limit is not None and self._rate_limited(
+                    "poll", cfg.poll_rate_limit, cfg.poll_window_s)[0]:
+                return
+            row = self.standin.poll(self.path[len(cfg.base) + 1:])
             if row is None:
                 self._reply(404, {"error": "Not found"})
             else:
@@ -245,6 +362,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(404, {"error": "Not found"})
             return
         raw = self._body()
+        if self._cdn_blocked():
+            return
         auth, key_id = self._auth()
         try:
             payload = json.loads(raw)
@@ -262,30 +381,30 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(400, {"error": "Validation failed", "issues": problems},
                         request_body=payload, auth=auth)
             return
-        if self.path.endswith("/dry-run"):
-            self._reply(200, {"valid": True, "issues": [], "warnings": []}, request_body=payload,
-                        auth=auth)
+        suggestion = dict(cfg.unknown_hf_ids).get(str(payload.get("hfId")))
+        if suggestion is not None:
+            self._reply(400, {"error": "Unknown model",
+                              "fieldErrors": {"hfId": [f"{payload.get('hfId')} is not a known "
+                                                       "Hugging Face model"]},
+                              "suggestedHfId": suggestion}, request_body=payload, auth=auth)
             return
-        allowed, retry_s, remaining, reset = self.standin.take_slot(key_id)
-        if not allowed:
-            retry_ms = max(1, math.ceil(retry_s * 1000))
-            self._reply(429, {"error": "Rate limit exceeded", "retryAfterMs": retry_ms},
-                        headers={"Retry-After": str(math.ceil(retry_s)),
-                                 "X-RateLimit-Remaining": "0",
-                                 "X-RateLimit-Reset": str(math.ceil(reset))},
+        unverified = verification_issues(payload, cfg)
+        if self.path.endswith("/dry-run"):
+            self._reply(200, {"valid": True, "issues": [], "warnings": [],
+                              "verification": {"verified": not unverified, "issues": unverified}},
                         request_body=payload, auth=auth)
             return
-        missing = [f"{name} missing: outputs not attested" if name == "outputSha256" else
-                   f"{name} missing: prompts not attested"
-                   for name in ("promptSha256", "outputSha256") if name not in payload]
+        limited, remaining, reset = self._rate_limited(key_id, request_body=payload, auth=auth)
+        if limited:
+            return
         row_id = "st_" + uuid.uuid4().hex[:22]
         status = "APPROVED" if cfg.approve else "PENDING"
         row = {**payload, "id": row_id, "status": status, "createdAt": _utc_ms(),
-               "verifiedRun": not missing}
+               "verifiedRun": not unverified}
         with self.standin.lock:
             self.standin.rows[row_id] = row
-        self._reply(201, {"id": row_id, "status": status, "verifiedRun": not missing,
-                          "verificationIssues": missing},
+        self._reply(201, {"id": row_id, "status": status, "verifiedRun": not unverified,
+                          "verificationIssues": unverified},
                     headers={"X-RateLimit-Remaining": str(remaining),
                              "X-RateLimit-Reset": str(math.ceil(reset)),
                              "Location": f"{cfg.base}/{row_id}"},
@@ -328,7 +447,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log", type=Path, help="JSONL request log (created exclusively)")
     p.add_argument("--key-sha256", help="accept only the key with this sha256 (hex)")
     p.add_argument("--approve", action="store_true", help="rows start APPROVED instead of PENDING")
+    p.add_argument("--approve-after", type=int, metavar="N",
+                   help="a PENDING row becomes APPROVED on its Nth GET")
+    p.add_argument("--reject-after", type=int, metavar="N",
+                   help="a PENDING row becomes REJECTED on its Nth GET")
+    p.add_argument("--reject-reason", default=StandinConfig.reject_reason)
     p.add_argument("--allow-edits", action="store_true", help="enable PATCH of public rows")
+    p.add_argument("--rows", type=Path, help="JSON list of public rows to serve (e.g. a prior)")
+    p.add_argument("--min-output-tokens", type=int, default=0,
+                   help="verification: fewer output tokens is an issue (0: no such rule)")
+    p.add_argument("--block-user-agent", action="append", default=[], metavar="TEXT",
+                   help="answer user agents containing TEXT with a CDN's HTML 403")
+    p.add_argument("--unknown-hf-id", action="append", default=[], metavar="ID=SUGGESTION",
+                   help="refuse hfId ID with a 400 suggesting SUGGESTION")
+    p.add_argument("--poll-rate-limit", type=int, metavar="N", help="row GETs per --poll-window-s")
+    p.add_argument("--poll-window-s", type=float, default=60.0)
     return p
 
 
@@ -336,16 +469,28 @@ def config_from_args(argv: Sequence[str] | None = None) -> StandinConfig:
     a = _parser().parse_args(argv)
     if a.rate_limit < 1 or a.window_s <= 0:
         _parser().error("--rate-limit must be >= 1 and --window-s > 0")
+    if any(n is not None and n < 1 for n in (a.approve_after, a.reject_after, a.poll_rate_limit)):
+        _parser().error("--approve-after, --reject-after and --poll-rate-limit take N >= 1")
+    pairs = []
+    for item in a.unknown_hf_id:
+        name, sep, suggestion = item.partition("=")
+        if not sep or not name or not suggestion:
+            _parser().error(f"--unknown-hf-id takes ID=SUGGESTION, got {item!r}")
+        pairs.append((name, suggestion))
     return StandinConfig(host=a.host, port=a.port, api=a.api, rate_limit=a.rate_limit,
                          window_s=a.window_s, log=a.log, key_sha256=a.key_sha256, approve=a.approve,
-                         allow_edits=a.allow_edits)
+                         allow_edits=a.allow_edits, approve_after=a.approve_after,
+                         reject_after=a.reject_after, reject_reason=a.reject_reason, rows=a.rows,
+                         min_output_tokens=a.min_output_tokens,
+                         block_user_agents=tuple(a.block_user_agent), unknown_hf_ids=tuple(pairs),
+                         poll_rate_limit=a.poll_rate_limit, poll_window_s=a.poll_window_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = config_from_args(argv)
     try:
         server = StandinServer(config)
-    except (OSError, FileExistsError) as exc:
+    except (OSError, ValueError) as exc:
         print(f"error: the stand-in cannot serve: {exc}", file=sys.stderr)
         return 1
     with server:

@@ -9,6 +9,9 @@ addenda) is the same for every target.
 The API key is a secret: ``ApiKey`` never shows its value in repr, str or
 messages, it is only ever placed in an ``Authorization`` header, and every body
 or header stored as evidence passes through ``ApiKey.scrub`` first.
+
+Rate limits are honoured in one place, ``with_retries``: a 429 is waited out as the
+service asks, within a count and a total time, for every kind of request.
 """
 
 from __future__ import annotations
@@ -117,6 +120,24 @@ class Discovery:
 
 
 @dataclass(frozen=True)
+class Verification:
+    """A service's answer to "would this run be verified": from its dry run."""
+
+    verified: bool
+    issues: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PublicRow:
+    """What a public row says, read by its target (field names differ between services)."""
+
+    fields: Mapping[str, Any]  # the row's payload fields, compared with what was sent
+    status: str | None
+    created_at: str | None
+    tok_s: float | None
+
+
+@dataclass(frozen=True)
 class Acceptance:
     """A target's reading of its final response: accepted or not, and the receipt facts."""
 
@@ -153,8 +174,37 @@ class Target(Protocol):
 
     def accept(self, exchange: Exchange) -> Acceptance: ...
 
+    def verification(self, exchange: Exchange) -> Verification | None: ...
+
     def fetch(self, submission_id: str, discovery: Discovery) -> Exchange: ...
 
     def row_fields(self, row: Any) -> Mapping[str, Any]: ...
 
+    def public_row(self, exchange: Exchange) -> PublicRow | None: ...
+
+    def retry_after(self, exchange: Exchange) -> float | None: ...
+
+    def explain(self, exchange: Exchange, key: ApiKey | None) -> str: ...
+
     def close(self) -> None: ...
+
+
+def with_retries(request: Callable[[float], Exchange], retry_after: Callable[[Exchange], float | None],
+                 *, sleep: Sleep, max_retries: int, max_wait_s: float) -> list[Exchange]:
+    """``request(waited_s)`` once, then again after each 429 as long as the service says how
+    long to wait and the wait keeps within ``max_retries`` and ``max_wait_s`` in total."""
+    exchanges: list[Exchange] = []
+    waited = 0.0
+    total = 0.0
+    for attempt in range(max_retries + 1):
+        exchange = request(waited)
+        exchanges.append(exchange)
+        if exchange.status != 429:
+            break
+        delay = retry_after(exchange)
+        if delay is None or attempt == max_retries or total + delay > max_wait_s:
+            break
+        sleep(delay)
+        waited = delay
+        total += delay
+    return exchanges
