@@ -5,19 +5,21 @@ re-accounted into the conventional convention with a disposition."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import secrets
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tokrecord.experiment.plan import load_plan
-from tokrecord.experiment.runner import run_experiment
-from tokrecord.record.build import build_record, finish
 from tokrecord.record.verify import verify_dir
 
+HF_ID = "tokrecord/audit-target"
 REPO = Path(__file__).resolve().parents[2]
 TRACES = REPO / "tests" / "fixtures" / "components" / "h200-rmsnorm"
 FAKE = [sys.executable, "-m", "tokrecord.server.fake", "--host", "{host}", "--port", "{port}",
@@ -88,7 +90,8 @@ def _base_commit() -> str:
 
 
 def make_records(root: Path) -> dict[str, Path]:
-    """The experiment directories, sealed and verified: {"abba": ..., "single": ...}."""
+    """The experiment directories, sealed, verified, rechecked against and submitted to the
+    LocalMaxxing stand-in, and (single leg) re-accounted: {"abba": ..., "single": ...}."""
     root.mkdir(parents=True, exist_ok=True)
     shutil.copytree(TRACES, root / "traces", dirs_exist_ok=True)
     model = snapshot(root, "target")
@@ -100,24 +103,58 @@ def make_records(root: Path) -> dict[str, Path]:
     (draft / "config.json").write_text('{"num_hidden_layers": 1}\n')
     (draft / "model.safetensors").write_bytes(bytes(range(128)) * 8)
     (root / "suite.jsonl").write_text(SUITE)
+    (root / "rows.json").write_text(json.dumps([{"id": "prior-row", "status": "APPROVED",
+                                                  "tokSOut": 2100.0, "hfId": HF_ID,
+                                                  "createdAt": "2026-11-30T10:00:00.000Z"}]))
+    env = {**os.environ, "TOKRECORD_CONFIG_DIR": str(root / "config"), "COLUMNS": "200",
+           # A key made for this run, in the environment only (the stand-in takes any).
+           "LOCALMAXXING_API_KEY": "bhk_" + secrets.token_hex(20)}
     out = {}
-    for kind, design in (("abba", "abba"), ("single", "single")):
-        path = root / f"{kind}.toml"
-        path.write_text(_plan(f"seed-audit-{kind}", design, root))
-        plan = load_plan(path)
-        exp = root / kind
-        results = run_experiment(plan, exp, plan_text=path.read_bytes())
-        finish(exp, build_record(plan, exp, results))
-        problems = verify_dir(exp)
-        if problems:
-            raise SystemExit(f"{exp}: does not verify: {problems[:3]}")
-        out[kind] = exp
+    with _standin(root) as url:
+        for kind, design in (("abba", "abba"), ("single", "single")):
+            path = root / f"{kind}.toml"
+            path.write_text(_plan(f"seed-audit-{kind}", design, root))
+            exp = root / kind
+            _cli(env, "run", str(path), "--out", str(exp), "--prior-url", url)
+            problems = verify_dir(exp)
+            if problems:
+                raise SystemExit(f"{exp}: does not verify: {problems[:3]}")
+            submit = [str(exp), "--url", url, "--hf-id", HF_ID, "--quantization", "fp32"]
+            # The fake vLLM exposes no engine timings, so the service calls the run
+            # unverified: the audit sends it anyway, as the flag allows.
+            _cli(env, "submit", *submit, "--send", "--allow-unverified")
+            _cli(env, "submit", str(exp), "--url", url, "--check", "--wait", "--poll-s", "0.2")
+            out[kind] = exp
     # The single-leg seed's correction, as tokrecord makes it: an addendum.
-    subprocess.run([sys.executable, "-m", "tokrecord", "reaccount", str(out["single"]),
-                    "--convention", "conventional", "--disposition",
-                    "Keep the submitted receipt; qualify the value in the conventional "
-                    "convention."], check=True, capture_output=True)
+    _cli(env, "reaccount", str(out["single"]), "--convention", "conventional",
+         "--disposition", "Keep the submitted receipt; qualify the value in the "
+         "conventional convention.")
     return out
+
+
+def _cli(env: dict[str, str], *args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "tokrecord", *args], env=env,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"tokrecord {args[0]} failed ({done.returncode}):\n"
+                         f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+
+@contextlib.contextmanager
+def _standin(root: Path) -> Iterator[str]:
+    """The LocalMaxxing stand-in, approving a row on its second look, serving the prior."""
+    proc = subprocess.Popen([sys.executable, "-m", "tokrecord.submit.standin", "--port", "0",
+                             "--approve-after", "2", "--rows", str(root / "rows.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if "listening on" not in line:
+            raise SystemExit(f"the stand-in did not start: {line!r}")
+        yield line.split()[-1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def load(exp: Path) -> dict[str, Any]:

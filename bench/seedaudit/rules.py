@@ -32,9 +32,10 @@ def at(*paths: str, note: str = "", null_ok: str = "") -> At:
     return At(paths, note, null_ok)
 
 
-DISK = NotApplicable("a path on the author's disk: tokrecord states paths relative to the "
-                     "sealed directory instead")
 LEGS = r"(A1|B1|B2|A2)"
+# The sealed submission addenda: the receipt, and the latest check of the public row.
+RECEIPT = "addendum:submission-receipt:payload."
+CHECK = "addendum:submission-check:payload."
 SOURCE_FORM = "one entry per declared source under source.sources (here the source 'main')"
 NATIVE = at("source.native_modules.harness", note="hashes of the declared native modules")
 NOT_LOGGED = ("vLLM logs no per-rank graph counts, eager breaks or replays; the record "
@@ -43,12 +44,12 @@ NOT_LOGGED = ("vLLM logs no per-rank graph counts, eager breaks or replays; the 
 ABBA: tuple[tuple[str, Outcome], ...] = (
     (r"experiment", at("experiment")),
     (r"date", at("date")),
-    (r"status", at("status", "addendum:submission-observation:payload.status",
+    (r"status", at("status", CHECK + "public_status",
                    note="the record's status and the latest approval observation")),
     (r"prior_approved_record\.(id|tok_s)", at(r"prior_approved_record.\1")),
     (r"prior_approved_record\.public_api_rechecked_utc",
-     at("addendum:prior-check:payload.checked_utc")),
-    (r"prior_approved_record\.status", at("addendum:prior-check:payload.status")),
+     at("prior_recheck.public_api_rechecked_utc")),
+    (r"prior_approved_record\.status", at("prior_recheck.status", "prior_recheck.public_tok_s")),
     (r"source\.main_repo_commit_during_all_legs",
      at("source.sources.main.commit", "quality.source_identity_passed_all_legs")),
     (r"source\.(vllm|xpu_kernel)_commit", at("source.sources.main.commit", note=SOURCE_FORM)),
@@ -89,24 +90,26 @@ ABBA: tuple[tuple[str, Outcome], ...] = (
                                                "in the record, which the seal hashes")),
     (r"artifacts\.(all_vs_canonical_teacher|cross_leg_exactness)(_sha256)?",
      at(r"artifacts.\1\2")),
-    (r"submission\.(queue|response)", DISK),
-    (r"submission\.queue_sha256", at("addendum:submission:payload.payload_sha256")),
-    (r"submission\.label", at("addendum:submission:payload.label")),
-    (r"submission\.id", at("addendum:submission:payload.id")),
-    (r"submission\.submitted_tok_s", at("addendum:submission:payload.tok_s")),
-    (r"submission\.http_status", at("addendum:submission:payload.http_status")),
-    (r"submission\.status", at("addendum:submission-observation:payload.status")),
-    (r"submission\.api_created_at", at("addendum:submission-observation:payload.created_at")),
+    (r"submission\.queue", at(RECEIPT + "queue_file", RECEIPT + "queue",
+                              note="the queue file beside the experiment, and its content")),
+    (r"submission\.response", at(RECEIPT + "response", note="the response, in the sealed receipt")),
+    (r"submission\.queue_sha256", at(RECEIPT + "queue_sha256")),
+    (r"submission\.label", at(RECEIPT + "queue.notes", note="the payload's notes name the sealed record")),
+    (r"submission\.id", at(RECEIPT + "submission_id")),
+    (r"submission\.submitted_tok_s", at(RECEIPT + "queue.tokSOut")),
+    (r"submission\.http_status", at(RECEIPT + "http_status")),
+    (r"submission\.status", at(CHECK + "public_status")),
+    (r"submission\.api_created_at", at(CHECK + "public_created_at")),
     (r"submission\.public_api_verified_utc",
-     at("addendum:submission-observation:payload.observed_utc")),
+     at(CHECK + "checked_utc")),
     (r"submission\.public_api_match_count",
-     at("addendum:submission-observation:payload.matches")),
+     at(CHECK + "found", CHECK + "match")),
 )
 
 SINGLE: tuple[tuple[str, Outcome], ...] = (
     (r"schema", at("schema")),
     (r"date", at("date")),
-    (r"status", at("status", "addendum:submission-observation:payload.status")),
+    (r"status", at("status", CHECK + "public_status")),
     (r"source\.(main_harness|main_record|submission_helper)_commit",
      at("source.tokrecord.commit", note="tokrecord runs, records and submits")),
     (r"source\.(vllm|kernel|attention_runtime|native_base|xpumem_source)_commit",
@@ -177,12 +180,14 @@ SINGLE: tuple[tuple[str, Outcome], ...] = (
         "its hash; `tokrecord verify` checks the manifest and its signature")),
     (r"reproducibility\.(portable_sealed_evidence|portable_model_manifest|runtime_lock|"
      r"artifact_exact_scope|source_rebuild_scope)", at(r"reproducibility.\1")),
-    (r"localmaxxing\.(queue_path|response_path)", DISK),
-    (r"localmaxxing\.submission_status", at("addendum:submission-observation:payload.status")),
-    (r"localmaxxing\.endpoint", at("addendum:submission:payload.endpoint")),
-    (r"localmaxxing\.http_status", at("addendum:submission:payload.http_status")),
-    (r"localmaxxing\.submitted_at", at("addendum:submission:payload.created_at")),
+    (r"localmaxxing\.queue_path", at(RECEIPT + "queue_file")),
+    (r"localmaxxing\.response_path", at(RECEIPT + "response",
+                                        note="the response, in the sealed receipt")),
+    (r"localmaxxing\.submission_status", at(CHECK + "public_status")),
+    (r"localmaxxing\.endpoint", at(RECEIPT + "base_url", RECEIPT + "endpoint")),
+    (r"localmaxxing\.http_status", at(RECEIPT + "http_status")),
+    (r"localmaxxing\.submitted_at", at(RECEIPT + "sent_utc", CHECK + "public_created_at")),
     (r"localmaxxing\.public_row_verified_at",
-     at("addendum:submission-observation:payload.observed_utc")),
-    (r"localmaxxing\.id", at("addendum:submission:payload.id")),
+     at(CHECK + "checked_utc")),
+    (r"localmaxxing\.id", at(RECEIPT + "submission_id")),
 )

@@ -45,5 +45,5 @@ def test_classify_produced_missing_null_and_not_applicable() -> None:
     assert classify("summary.tok_s_out", SINGLE, record, {}) == (
         "missing", "summary.tok_s_out is null")
     assert classify("summary.ttft_ms_median", SINGLE, record, {})[0] == "missing"
-    assert classify("localmaxxing.queue_path", SINGLE, record, {})[0] == "not applicable"
+    assert classify("sha256.evidence_manifest", SINGLE, record, {})[0] == "not applicable"
     assert classify("no.such.leaf", SINGLE, record, {}) == ("missing", "no rule")

@@ -63,6 +63,8 @@ class EvidenceFacts(BaseModel):
     portable_sha256: dict[str, str] = {}
     # The plan's components, computed from their sealed copies (experiment.components).
     components: list[dict[str, Any]] = []
+    # The prior's recheck on the public API at preregistration (prior-check.json).
+    prior_recheck: dict[str, Any] | None = None
 
 
 def figures(result: LegResult, rows: Sequence[RowRecord]) -> LegFigures:
@@ -264,6 +266,7 @@ def abba_record(
     out["component_evidence"] = {c["name"]: c for c in facts.components}
     out["model"] = model_section(plan, facts)
     out["unchanged_record_stack"] = unchanged_stack(plan)
+    out["prior_recheck"] = facts.prior_recheck
     p = out["protocol"]
     p["prefix_history_response_reuse"] = not (p["prompts_unique_per_leg"]
                                               and p["each_prompt_run_once"]
@@ -557,6 +560,7 @@ def single_leg_record(
         "treatment": treatment_section(plan, result, facts),
         "model": model_section(plan, facts),
         "unchanged_record_stack": unchanged_stack(plan),
+        "prior_recheck": facts.prior_recheck,
         "component_evidence": {c["name"]: c for c in facts.components},
         "log_facts": log_facts({"B1": result}),
         "server_log_facts": server_log_facts(result),

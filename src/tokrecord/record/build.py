@@ -21,6 +21,7 @@ from tokrecord.evidence.seal import SigningKey, load_or_create_key, seal
 from tokrecord.experiment.components import sealed_component_evidence
 from tokrecord.experiment.leg import LegResult, RowRecord, load_rows, outcomes
 from tokrecord.experiment.plan import Design, Plan
+from tokrecord.experiment.prior_check import prior_record_fields
 from tokrecord.experiment.runner import (
     attempts_log,
     idle_gaps,
@@ -119,6 +120,7 @@ def evidence_facts(exp_dir: Path, results: Mapping[str, LegResult], plan: Plan |
                          for name in (layout.MODEL_MANIFEST, layout.RUNTIME_LOCK)
                          if (exp_dir / name).exists()},
         components=sealed_component_evidence(plan.components, exp_dir) if plan else [],
+        prior_recheck=prior_record_fields(exp_dir) or None,
         hardware={name: hardware(Path(r.run_dir)) for name, r in results.items()},
         evidence_sha256={name: evidence_hashes(Path(r.run_dir)) for name, r in results.items()})
 

@@ -456,7 +456,17 @@ ADDED_WITH_EVIDENCE: Final = frozenset({
     "cross_leg_exactness", "cross_leg_exactness_sha256", "portable_model_manifest",
     "portable_model_manifest_sha256", "runtime_lock", "runtime_lock_sha256", "treatment",
     "record_blockers", "source_identity_passed", "model", "unchanged_record_stack",
-    "prefix_history_response_reuse", "bundle", "patch"})
+    "prefix_history_response_reuse", "bundle", "patch", "prior_recheck"})
+
+
+class PriorRecheck(_Section):
+    """The prior approved row, fetched from the public API at preregistration."""
+
+    rechecked: bool  # false: run with --offline-prior (reason says so)
+    public_api_rechecked_utc: str | None
+    status: str | None
+    public_tok_s: float | None
+    reason: str | None
 
 
 class ModelSection(_Section):
@@ -556,6 +566,7 @@ class ExperimentRecordV2(_ExperimentCommon):
     component_evidence: dict[str, ComponentEvidence] | None = None
     model: ModelSection | None = None
     unchanged_record_stack: UnchangedStack | None = None
+    prior_recheck: PriorRecheck | None = None
 
     def runs_by_name(self) -> dict[str, LegBlock]:
         return self.runs
@@ -629,6 +640,7 @@ class SingleLegRecord(_Record):
     treatment: SingleTreatment | None = None
     model: ModelSection | None = None
     unchanged_record_stack: UnchangedStack | None = None
+    prior_recheck: PriorRecheck | None = None
     component_evidence: dict[str, ComponentEvidence] | None = None
     log_facts: dict[str, list[LogFact]]
     server_log_facts: dict[str, LogFactFound] | None = None
