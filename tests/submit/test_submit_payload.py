@@ -166,6 +166,13 @@ def test_no_teacher_exactness_no_output_hash() -> None:
     assert any("teacher_exact: 2/3" in w for w in built.warnings)
 
 
+def test_exact_by_text_only_says_so_rather_than_not_exact() -> None:
+    built = build_payload(demo_facts(teacher_token_ids=None, teacher_exact_count="3/3"), OPTS)
+    assert "outputSha256" not in built.payload
+    (warning,) = [w for w in built.warnings if "outputSha256" in w]
+    assert "compared with the teacher by text" in warning and "not every row" not in warning
+
+
 @pytest.mark.parametrize(("changes", "options", "message"), [
     ({}, PayloadOptions(), "--hf-id ORG/NAME"),
     ({"record": demo_record(hardware=None)}, OPTS, "no hardware section"),

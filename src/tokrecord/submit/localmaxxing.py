@@ -372,8 +372,14 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
 
     out_sha = output_sha256(facts)
     if out_sha is None:
-        warnings.append(f"outputSha256 left out: not every row of leg {facts.leg} was token-exact "
-                        f"against a teacher (teacher_exact: {facts.teacher_exact_count or 'not tested'})")
+        count = facts.teacher_exact_count
+        all_exact = count is not None and "/" in count and len(set(count.split("/"))) == 1
+        # Exact by text only (no token ids in the stream) is exact, but gives no token-id hash.
+        why = ("its rows were compared with the teacher by text: the server streamed no token "
+               "ids, so there is no token-id array to hash" if all_exact else
+               f"not every row was token-exact against a teacher (teacher_exact: "
+               f"{count or 'not tested'})")
+        warnings.append(f"outputSha256 left out for leg {facts.leg}: {why}")
     repository, why = verified.engine_repository(facts, engine)
     derivation.append(why)
     build, why = verified.engine_build(facts, engine, _engine_packages(engine))
