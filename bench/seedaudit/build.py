@@ -144,7 +144,8 @@ def _cli(env: dict[str, str], *args: str) -> None:
 def _standin(root: Path) -> Iterator[str]:
     """The LocalMaxxing stand-in, approving a row on its second look, serving the prior."""
     proc = subprocess.Popen([sys.executable, "-m", "tokrecord.submit.standin", "--port", "0",
-                             "--approve-after", "2", "--rows", str(root / "rows.json")],
+                             "--approve-after", "2", "--rate-limit", "5",
+                             "--rows", str(root / "rows.json")],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None
