@@ -201,3 +201,24 @@ def test_cli_prints_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert demo_gguf.main(["--cache-dir", str(tmp_path)]) == 0
     printed = Path(capsys.readouterr().out.strip())
     assert printed.is_file() and printed.suffix == ".gguf"
+
+
+def test_target_gguf_layers_name_and_zero_projections(cache: Path, gguf_file: Path) -> None:
+    target = demo_gguf.build_demo_target_gguf(cache)
+    extra = demo.TARGET_EXTRA_LAYERS
+    name = demo.model_name(extra)
+    assert target.name == f"{name}.gguf" and target.parent.name.startswith(f"{name}-gguf-")
+    assert demo_gguf.build_demo_gguf(cache) == gguf_file  # the draft is the plain demo GGUF
+    r = gguf.GGUFReader(str(target))
+    layers = demo.MODEL_CONFIG["num_hidden_layers"] + extra
+    assert _field(r, "llama.block_count") == layers
+    assert _field(r, "general.name") == name
+    assert len(r.tensors) == 3 + 9 * layers  # embeddings, output norm, head + 9 per layer
+    draft = gguf.GGUFReader(str(gguf_file))
+    for t in draft.tensors:  # every draft tensor is in the target, unchanged
+        np.testing.assert_array_equal(_tensor(r, t.name), np.asarray(t.data), err_msg=t.name)
+    for i in range(demo.MODEL_CONFIG["num_hidden_layers"], layers):
+        assert not np.any(_tensor(r, f"blk.{i}.attn_output.weight"))
+        assert not np.any(_tensor(r, f"blk.{i}.ffn_down.weight"))
+        assert np.any(_tensor(r, f"blk.{i}.attn_q.weight"))
+    assert _field(r, "tokenizer.ggml.tokens") == _field(draft, "tokenizer.ggml.tokens")

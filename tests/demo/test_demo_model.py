@@ -37,6 +37,16 @@ def tokenizer(model_dir: Path) -> Tokenizer:
     return Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
 
+@pytest.fixture(scope="module")
+def target_dir(model_dir: Path) -> Path:
+    return demo.build_demo_target(model_dir.parent)
+
+
+@pytest.fixture(scope="module")
+def target_weights(target_dir: Path) -> Weights:
+    return load_file(str(target_dir / "model.safetensors"))
+
+
 def _files(d: Path) -> dict[str, bytes]:
     return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
@@ -217,7 +227,8 @@ def _reference_logits(w: Weights, ids: list[int]) -> npt.NDArray[np.float64]:
         return np.asarray(x * np.cos(ang) + rot * np.sin(ang), dtype=np.float64)
 
     mask = np.triu(np.full((t, t), -np.inf), 1)
-    for i in range(c["num_hidden_layers"]):
+    layers = 1 + max(int(k.split(".")[2]) for k in w if k.startswith("model.layers."))
+    for i in range(layers):
         p = f"model.layers.{i}."
         x = rms(h, w[p + "input_layernorm.weight"])
         q = rope((x @ w[p + "self_attn.q_proj.weight"].T).reshape(t, n_heads, hd))
@@ -254,3 +265,62 @@ def test_reference_greedy_matches_vllm_and_is_not_degenerate(weights: Weights, t
     assert len(set(out)) >= 32  # not stuck on a token or a short loop
     assert not set(out) & {tokenizer.token_to_id(t) for t in demo.SPECIAL_TOKENS}
     assert min(margins) > 1e-4  # far above float32 round-off: no near-ties to flip
+
+
+# --- the speculative-decoding target: the demo model plus pass-through layers -----------------
+
+
+def test_plain_model_spec_is_unchanged_by_the_target_builder() -> None:
+    # The plain model's cache directory (and every record that names it) must not move.
+    assert "pass_through" not in demo.builder_spec()
+    assert demo.builder_spec(0) == demo.builder_spec()
+    assert demo.spec_hash(demo.TARGET_EXTRA_LAYERS) != demo.spec_hash()
+    with pytest.raises(ValueError):
+        demo.model_config(-1)
+
+
+def test_target_dir_config_and_rebuild(target_dir: Path, model_dir: Path, tmp_path: Path) -> None:
+    extra = demo.TARGET_EXTRA_LAYERS
+    assert target_dir.name == f"{demo.model_name(extra)}-{demo.spec_hash(extra)[:12]}"
+    assert target_dir.name.startswith(f"{demo.DEMO_MODEL_NAME}-target{4 + extra}-")
+    cfg = json.loads((target_dir / "config.json").read_text())
+    base = json.loads((model_dir / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == base["num_hidden_layers"] + extra
+    assert {k: v for k, v in cfg.items() if k != "num_hidden_layers"} == \
+        {k: v for k, v in base.items() if k != "num_hidden_layers"}
+    # Same tokenizer files: llama.cpp refuses a draft whose vocabulary differs.
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (target_dir / name).read_bytes() == (model_dir / name).read_bytes(), name
+    assert demo.verify_manifest(target_dir) == []
+    again = demo.build_demo_target(tmp_path)
+    assert _files(again) == _files(target_dir)
+
+
+def test_target_holds_the_draft_and_pass_through_layers(target_weights: Weights,
+                                                        weights: Weights) -> None:
+    base_layers = demo.MODEL_CONFIG["num_hidden_layers"]
+    # Every tensor of the demo model is in the target, bit for bit: the draft is the
+    # target's first layers with its embeddings, final norm and head.
+    for name, tensor in weights.items():
+        np.testing.assert_array_equal(target_weights[name], tensor, err_msg=name)
+    extra = sorted(set(target_weights) - set(weights))
+    assert len(extra) == 9 * demo.TARGET_EXTRA_LAYERS
+    for name in extra:
+        layer = int(name.split(".")[2])
+        assert base_layers <= layer < base_layers + demo.TARGET_EXTRA_LAYERS
+        t = target_weights[name]
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            assert not np.any(t), name  # exactly zero: the layer adds nothing
+        elif "norm" not in name:
+            # Ordinary numbers, like every other projection: the engine does real work.
+            assert 0.04 < float(t.std()) < 0.06, name
+
+
+def test_target_logits_are_the_drafts(target_weights: Weights, weights: Weights,
+                                      tokenizer: Tokenizer) -> None:
+    # Why the draft is right about every token: the pass-through layers add +0.0 to the
+    # residual stream, so the target's logits are the demo model's, exactly.
+    ids = tokenizer.encode("class LRUCache:\n    def get(self, key):", add_special_tokens=False).ids
+    for n in (1, 5, len(ids)):
+        np.testing.assert_array_equal(_reference_logits(target_weights, ids[:n]),
+                                      _reference_logits(weights, ids[:n]))

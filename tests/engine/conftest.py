@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tokrecord.demo.gguf import build_demo_gguf
+from tokrecord.demo.gguf import build_demo_gguf, build_demo_target_gguf
 from tokrecord.demo.model import build_demo_model
 from tokrecord.server import embedded, xllamacpp
 
@@ -46,3 +46,8 @@ def llamacpp_python() -> Path:
 @pytest.fixture(scope="session")
 def demo_gguf(llamacpp_python: Path) -> Path:
     return build_demo_gguf(embedded.cache_root() / "models")
+
+
+@pytest.fixture(scope="session")
+def demo_target_gguf(llamacpp_python: Path) -> Path:
+    return build_demo_target_gguf(embedded.cache_root() / "models")

@@ -17,19 +17,29 @@ from typing import Annotated, Any, NoReturn, ParamSpec
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from tokrecord import __version__
-from tokrecord.demo.gguf import build_demo_gguf
+from tokrecord.demo.gguf import build_demo_gguf, build_demo_target_gguf
 from tokrecord.demo.model import build_demo_model
-from tokrecord.demo.plan import demo_plan, demo_plan_llamacpp
+from tokrecord.demo.plan import (
+    DEMO_BUDGET_S,
+    blocks_within,
+    claim_lines,
+    demo_plan,
+    demo_plan_llamacpp,
+    design_lines,
+)
 from tokrecord.engines import Endpoint, EngineName
 from tokrecord.errors import ConfigError, TokrecordError
 from tokrecord.evidence.seal import MANIFEST_NAME, load_or_create_key, seal, write_addendum
 from tokrecord.experiment.audit import audit_suite, judge_audit
 from tokrecord.experiment.leg import LegConfig, LegResult, run_leg, teacher_from_run
 from tokrecord.experiment.plan import Plan, load_plan
-from tokrecord.experiment.runner import default_experiment_dir, run_experiment
+from tokrecord.experiment.power import min_detectable_effect, plan_noise, power_report
+from tokrecord.experiment.runner import default_experiment_dir, plan_suite, run_experiment
+from tokrecord.experiment.stats import VerdictAnalysis
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.metrics import Convention
 from tokrecord.record.build import build_record, finish
@@ -371,6 +381,10 @@ DemoEngineOpt = Annotated[str, typer.Option(
     "--engine", help="vllm (the embedded vLLM CPU engine) or llama.cpp (xllamacpp's CPU wheel).")]
 
 
+DemoBlocksOpt = Annotated[int | None, typer.Option(
+    min=1, max=50, help="ABBA blocks (llama.cpp; default: as many as fit --budget).")]
+
+
 @app.command()
 @_guard
 def demo(
@@ -378,32 +392,55 @@ def demo(
     rows: RowsOpt = None,
     idle_gap: Annotated[float, typer.Option(help="Seconds between legs.")] = 5.0,
     show_log_tail: TailOpt = False,
-    engine: DemoEngineOpt = "vllm",
+    engine: Annotated[str, typer.Option(
+        "--engine", help="llama.cpp (xllamacpp's CPU wheel; the default) or vllm (the "
+        "embedded vLLM CPU engine: plain vs ngram, one block).")] = "llama.cpp",
+    blocks: DemoBlocksOpt = None,
+    budget: Annotated[float, typer.Option(
+        min=60, help="Seconds `make demo` may take, install included: sizes the llama.cpp "
+        "design.")] = DEMO_BUDGET_S,
 ) -> None:
-    """A full preregistered ABBA on a local engine: plain vs ngram speculative decoding."""
+    """A full preregistered ABBA on a local engine: on llama.cpp, plain decoding vs
+    draft-model speculative decoding, in as many blocks as fit the budget."""
 
     say = _dim_logger()
     chosen = _demo_engine(engine)
-    err_console.print("building the demo model (cached after the first time)…")
+    err_console.print("building the demo models (cached after the first time)…")
     models = embedded.cache_root() / "models"
+    detectable: float | None = None
     if chosen is EngineName.LLAMA_CPP:
         python = xllamacpp.ensure_llamacpp(say)
-        gguf = build_demo_gguf(models)
-        err_console.print(f"demo model: {gguf}")
-        plan = demo_plan_llamacpp(python, gguf, rows=rows, idle_gap_s=idle_gap)
+        target, draft = build_demo_target_gguf(models), build_demo_gguf(models)
+        err_console.print(f"demo target: {target}\ndemo draft: {draft}", soft_wrap=True)
+        plan = demo_plan_llamacpp(python, target, draft, rows=rows, idle_gap_s=idle_gap,
+                                  blocks=blocks or blocks_within(budget, idle_gap_s=idle_gap))
+        n_rows = len(plan_suite(plan).rows)
+        noise = plan_noise(plan, "the demo plan")
+        report = power_report(plan, noise, n_rows)
+        detectable = min_detectable_effect(noise, n_rows, plan.blocks, plan.verdict.confidence,
+                                           plan.verdict.equivalence_pct)
+        for line in design_lines(plan, report, detectable, budget, blocks is None):
+            err_console.print(escape(line), soft_wrap=True)
+        what = "control plain decoding of the target, candidate draft-model speculation"
     else:
         python = embedded.ensure_engine(say)
         model_dir = build_demo_model(models)
         err_console.print(f"demo model: {model_dir}")
         plan = demo_plan(python, model_dir, rows=rows, idle_gap_s=idle_gap)
+        what = "control plain, candidate ngram"
+    legs = " ".join(name for name, _ in plan.legs)
     err_console.print(
-        f"demo on {chosen.value}: teacher from the plain arm, then A1 B1 B2 A2 (control plain, "
-        f"candidate ngram), {plan.suite_rows or 13} rows each, {idle_gap:g} s idle gap between "
-        "legs (a real plan uses 60 s or more); no prior record is declared, so the record gate "
-        "shows why it cannot pass"
+        f"demo on {chosen.value}: teacher from the plain arm, then {legs} ({what}), "
+        f"{plan.suite_rows or 13} rows each, {idle_gap:g} s idle gap between legs (a real "
+        "plan uses 60 s or more); no prior record is declared, so the record gate shows why "
+        "it cannot pass", soft_wrap=True
     )
     exp_dir = out or _default_out("demo")
-    _execute_plan(plan, exp_dir, None, show_log_tail)
+    record = _execute_plan(plan, exp_dir, None, show_log_tail)
+    if chosen is EngineName.LLAMA_CPP and record.get("verdict_analysis"):
+        analysis = VerdictAnalysis.model_validate(record["verdict_analysis"])
+        for line in claim_lines(analysis, detectable):
+            out_console.print(escape(line), soft_wrap=True)
     _report.write_report(exp_dir, print_summary=False)
 
 

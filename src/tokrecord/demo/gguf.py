@@ -32,10 +32,12 @@ import safetensors.numpy
 from tokrecord.demo.model import (
     DEFAULT_CACHE_DIR,
     DEMO_MODEL_NAME,
+    TARGET_EXTRA_LAYERS,
     build_atomically,
     build_demo_model,
     cache_main,
     model_manifest,
+    model_name,
     verify_manifest,
 )
 
@@ -157,8 +159,9 @@ def _vocab(tokenizer: Mapping[str, Any], vocab_size: int) -> tuple[list[str], li
     return tokens, types, merges
 
 
-def write_gguf(model_dir: Path, out_file: Path) -> None:
-    """Write the HF-format Llama in ``model_dir`` (the demo model) to ``out_file`` as GGUF, f32."""
+def write_gguf(model_dir: Path, out_file: Path, name: str = DEMO_MODEL_NAME) -> None:
+    """Write the HF-format Llama in ``model_dir`` (the demo model or its target) to ``out_file``
+    as GGUF, f32, under ``name``."""
     model_dir = Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     tokenizer = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
@@ -176,7 +179,7 @@ def write_gguf(model_dir: Path, out_file: Path) -> None:
     writer = gguf.GGUFWriter(str(out_file), ARCH)
     # No general.* provenance beyond the name: dates, paths or versions would make rebuilds
     # differ, and the cache directory name already records where the file came from.
-    writer.add_name(DEMO_MODEL_NAME)
+    writer.add_name(name)
     writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
     writer.add_vocab_size(vocab_size)
     writer.add_context_length(int(config["max_position_embeddings"]))
@@ -236,24 +239,32 @@ def gguf_spec_hash(model_dir: Path) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _is_complete(gguf_dir: Path) -> bool:
-    return (gguf_dir / GGUF_FILE_NAME).is_file() and verify_manifest(gguf_dir) == []
+def _is_complete(gguf_dir: Path, file_name: str) -> bool:
+    return (gguf_dir / file_name).is_file() and verify_manifest(gguf_dir) == []
 
 
-def build_demo_gguf(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
-    """Return the demo model's GGUF file under ``cache_dir``, building model and file if needed.
+def build_demo_gguf(cache_dir: Path = DEFAULT_CACHE_DIR, extra_layers: int = 0) -> Path:
+    """Return the demo model's GGUF file under ``cache_dir``, building model and file if needed
+    (with ``extra_layers``: the target's, see ``build_demo_model``).
 
     Same scheme as ``build_demo_model``: the directory is named after the spec hash, reused only
     if its manifest verifies, and written in a temporary sibling that is renamed into place.
     """
     cache_dir = Path(cache_dir)
-    model_dir = build_demo_model(cache_dir)
-    target = cache_dir / f"{GGUF_DIR_PREFIX}-{gguf_spec_hash(model_dir)[:12]}"
-    if _is_complete(target):
-        return target / GGUF_FILE_NAME
+    model_dir = build_demo_model(cache_dir, extra_layers)
+    name = model_name(extra_layers)
+    file_name = f"{name}.gguf"
+    target = cache_dir / f"{name}-gguf-{gguf_spec_hash(model_dir)[:12]}"
+    if _is_complete(target, file_name):
+        return target / file_name
 
-    build_atomically(target, lambda tmp: write_gguf(model_dir, tmp / GGUF_FILE_NAME))
-    return target / GGUF_FILE_NAME
+    build_atomically(target, lambda tmp: write_gguf(model_dir, tmp / file_name, name))
+    return target / file_name
+
+
+def build_demo_target_gguf(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
+    """The speculative-decoding target as GGUF; its draft is ``build_demo_gguf(cache_dir)``."""
+    return build_demo_gguf(cache_dir, TARGET_EXTRA_LAYERS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,6 +5,13 @@ network, so it builds one: a byte-level BPE tokenizer trained on a small corpus 
 package, and a 4-layer Llama with weights drawn from a seeded numpy generator. No torch is
 needed: numpy, ``safetensors.numpy`` and ``tokenizers`` write every file.
 
+The same builder also makes the speculative-decoding target (``build_demo_target``): the same
+four layers, embeddings, final norm and head, then more layers whose output projections are zero,
+so each adds nothing to the residual stream while the engine still computes it. The plain demo
+model is then exactly the target's first layers: a draft model that predicts the target's greedy
+tokens and costs a fraction of a target step, so draft-model speculation is faster by
+construction, not by luck of the prompts.
+
 The same builder spec (config, seed, init scales, corpus, library versions) always yields
 byte-identical files; the spec hash names the cache directory, and ``manifest.sha256`` (in
 ``sha256sum`` format) lets anyone re-verify the files. The model is random: its outputs mean
@@ -149,12 +156,46 @@ def corpus_bytes() -> bytes:
     return resources.files("tokrecord").joinpath("data", CORPUS_RESOURCE).read_bytes()
 
 
-def builder_spec() -> dict[str, Any]:
+# The target: the demo model's layers, then these many pass-through layers. Sized on the 2-core
+# machine (llama.cpp, one thread; bench figures in README "The demo"): a target step then costs
+# several draft steps, which is what makes a draft worth running, while a plain leg still
+# streams the 13-row suite in well under half a minute.
+TARGET_EXTRA_LAYERS: Final = 12
+
+# The pass-through layers' attention and MLP inputs are drawn like the others (so the engine
+# does ordinary work on ordinary numbers); their o_proj and down_proj are exactly zero, so
+# every such layer adds +0.0 to the residual stream and the target's logits are the draft's,
+# bit for bit, on any kernel that computes 0 * x as 0.
+PASS_THROUGH_ZERO: Final = ("o_proj", "down_proj")
+
+
+def model_name(extra_layers: int = 0) -> str:
+    if extra_layers < 0:
+        raise ValueError(f"extra_layers is {extra_layers}, must be >= 0")
+    if not extra_layers:
+        return DEMO_MODEL_NAME
+    return f"{DEMO_MODEL_NAME}-target{MODEL_CONFIG['num_hidden_layers'] + extra_layers}"
+
+
+def model_config(extra_layers: int = 0) -> dict[str, Any]:
+    """The HF config of the demo model, or of the target with ``extra_layers`` more layers."""
+    if extra_layers < 0:
+        raise ValueError(f"extra_layers is {extra_layers}, must be >= 0")
+    return {**MODEL_CONFIG,
+            "num_hidden_layers": MODEL_CONFIG["num_hidden_layers"] + extra_layers}
+
+
+def builder_spec(extra_layers: int = 0) -> dict[str, Any]:
     """Everything that determines the built files; its hash names the cache directory."""
+    # The plain model's spec has no pass-through keys, so its hash (and cache) is unchanged.
+    extra: dict[str, Any] = ({"pass_through": {"layers": extra_layers,
+                                               "zero": list(PASS_THROUGH_ZERO)}}
+                             if extra_layers else {})
     return {
         "builder_version": BUILDER_VERSION,
-        "name": DEMO_MODEL_NAME,
-        "config": MODEL_CONFIG,
+        "name": model_name(extra_layers),
+        "config": model_config(extra_layers),
+        **extra,
         "seed": SEED,
         "init_std": INIT_STD,
         "special_tokens": list(SPECIAL_TOKENS),
@@ -171,8 +212,8 @@ def builder_spec() -> dict[str, Any]:
     }
 
 
-def spec_hash() -> str:
-    return hashlib.sha256(_json_bytes(builder_spec())).hexdigest()
+def spec_hash(extra_layers: int = 0) -> str:
+    return hashlib.sha256(_json_bytes(builder_spec(extra_layers))).hexdigest()
 
 
 def train_tokenizer(corpus: str) -> Tokenizer:
@@ -200,18 +241,29 @@ def train_tokenizer(corpus: str) -> Tokenizer:
     return tok
 
 
-def _tensor_plan() -> Iterator[tuple[str, tuple[int, ...], str | None]]:
+def _tensor_plan(extra_layers: int = 0) -> Iterator[tuple[str, tuple[int, ...], str | None]]:
     """(name, shape [out, in], init kind or None for an all-ones norm) in the fixed draw order.
 
     Draw order: embeddings; then per layer q, k, v, o, gate, up, down (norms draw nothing); then
-    lm_head. Changing it changes every weight after the change.
+    lm_head; then the target's pass-through layers, in the same per-layer order. Changing it
+    changes every weight after the change; the pass-through layers come last so that every
+    weight of the plain model is drawn identically in the target.
     """
     c = MODEL_CONFIG
     hidden, inter = c["hidden_size"], c["intermediate_size"]
     q_out = c["num_attention_heads"] * c["head_dim"]
     kv_out = c["num_key_value_heads"] * c["head_dim"]
     yield "model.embed_tokens.weight", (c["vocab_size"], hidden), "embed_tokens"
-    for i in range(c["num_hidden_layers"]):
+    yield from _layer_plan(range(c["num_hidden_layers"]), hidden, inter, q_out, kv_out)
+    yield "model.norm.weight", (hidden,), None
+    yield "lm_head.weight", (c["vocab_size"], hidden), "lm_head"
+    base = c["num_hidden_layers"]
+    yield from _layer_plan(range(base, base + extra_layers), hidden, inter, q_out, kv_out)
+
+
+def _layer_plan(layers: range, hidden: int, inter: int, q_out: int, kv_out: int
+                ) -> Iterator[tuple[str, tuple[int, ...], str | None]]:
+    for i in layers:
         p = f"model.layers.{i}"
         yield f"{p}.self_attn.q_proj.weight", (q_out, hidden), "q_proj"
         yield f"{p}.self_attn.k_proj.weight", (kv_out, hidden), "k_proj"
@@ -222,12 +274,15 @@ def _tensor_plan() -> Iterator[tuple[str, tuple[int, ...], str | None]]:
         yield f"{p}.mlp.down_proj.weight", (hidden, inter), "down_proj"
         yield f"{p}.input_layernorm.weight", (hidden,), None
         yield f"{p}.post_attention_layernorm.weight", (hidden,), None
-    yield "model.norm.weight", (hidden,), None
-    yield "lm_head.weight", (c["vocab_size"], hidden), "lm_head"
 
 
-def make_weights(never_emit: Sequence[int]) -> dict[str, npt.NDArray[np.float32]]:
+def make_weights(never_emit: Sequence[int], extra_layers: int = 0
+                 ) -> dict[str, npt.NDArray[np.float32]]:
     """Draw all weights from ``default_rng(SEED)`` in ``_tensor_plan`` order.
+
+    In the pass-through layers (``extra_layers`` of them, after the plain model's), o_proj and
+    down_proj are drawn like every other projection, to keep the stream's order simple, and
+    then set to exactly zero.
 
     The lm_head rows of ``never_emit`` ids (special tokens, vocabulary padding) are zeroed after
     the draws: their logit is then exactly 0 while the maximum of 4096 random logits with std ~8
@@ -235,24 +290,34 @@ def make_weights(never_emit: Sequence[int]) -> dict[str, npt.NDArray[np.float32]
     full-output gates expect) nor an id the tokenizer cannot decode.
     """
     rng = np.random.default_rng(SEED)
+    first_pass_through = MODEL_CONFIG["num_hidden_layers"]
     weights: dict[str, npt.NDArray[np.float32]] = {}
-    for name, shape, kind in _tensor_plan():
+    for name, shape, kind in _tensor_plan(extra_layers):
         if kind is None:
             weights[name] = np.ones(shape, dtype=np.float32)
+            continue
+        draw = rng.standard_normal(shape, dtype=np.float32)
+        if kind in PASS_THROUGH_ZERO and _layer_index(name) >= first_pass_through:
+            weights[name] = np.zeros(shape, dtype=np.float32)
         else:
-            draw = rng.standard_normal(shape, dtype=np.float32)
             weights[name] = np.ascontiguousarray(draw * np.float32(INIT_STD[kind]))
     weights["lm_head.weight"][list(never_emit), :] = 0.0
     return weights
 
 
-def _write_model_files(out: Path) -> None:
+def _layer_index(name: str) -> int:
+    """The layer of "model.layers.{i}.…", -1 for tensors outside the layers."""
+    parts = name.split(".")
+    return int(parts[2]) if parts[:2] == ["model", "layers"] else -1
+
+
+def _write_model_files(out: Path, extra_layers: int = 0) -> None:
     corpus = corpus_bytes().decode("utf-8")
     tok = train_tokenizer(corpus)
     trained = tok.get_vocab_size(with_added_tokens=True)
     never_emit = sorted({*range(len(SPECIAL_TOKENS)), *range(trained, VOCAB_SIZE)})
 
-    (out / "config.json").write_bytes(_json_bytes(MODEL_CONFIG))
+    (out / "config.json").write_bytes(_json_bytes(model_config(extra_layers)))
     (out / "generation_config.json").write_bytes(
         _json_bytes({"bos_token_id": BOS_TOKEN_ID, "eos_token_id": EOS_TOKEN_ID})
     )
@@ -283,7 +348,8 @@ def _write_model_files(out: Path) -> None:
     )
     # "format": "pt" is what transformers/vLLM expect in the header of a torch-style checkpoint.
     safetensors.numpy.save_file(
-        make_weights(never_emit), str(out / "model.safetensors"), metadata={"format": "pt"}
+        make_weights(never_emit, extra_layers), str(out / "model.safetensors"),
+        metadata={"format": "pt"},
     )
 
 
@@ -341,8 +407,9 @@ def _is_complete(model_dir: Path) -> bool:
     return model_dir.is_dir() and verify_manifest(model_dir) == []
 
 
-def build_demo_model(cache_dir: Path) -> Path:
-    """Return the demo model directory under ``cache_dir``, building it if needed.
+def build_demo_model(cache_dir: Path, extra_layers: int = 0) -> Path:
+    """Return the demo model directory under ``cache_dir``, building it if needed; with
+    ``extra_layers``, the target with that many pass-through layers after the demo model's.
 
     The directory is named after the builder spec hash, so a cached model is reused only when
     every input is the same, and only if its manifest still verifies. A build happens in a
@@ -350,11 +417,17 @@ def build_demo_model(cache_dir: Path) -> Path:
     """
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    target = cache_dir / f"{DEMO_MODEL_NAME}-{spec_hash()[:12]}"
+    target = cache_dir / f"{model_name(extra_layers)}-{spec_hash(extra_layers)[:12]}"
     if _is_complete(target):
         return target
 
-    return build_atomically(target, _write_model_files)
+    return build_atomically(target, lambda out: _write_model_files(out, extra_layers))
+
+
+def build_demo_target(cache_dir: Path) -> Path:
+    """The speculative-decoding target: the demo model plus ``TARGET_EXTRA_LAYERS`` pass-through
+    layers. Its draft is ``build_demo_model`` (the same first layers, embeddings and head)."""
+    return build_demo_model(cache_dir, TARGET_EXTRA_LAYERS)
 
 
 def build_atomically(target: Path, write: Callable[[Path], None]) -> Path:

@@ -1,5 +1,6 @@
-"""The demo's preregistered plans: plain vs ngram speculative decoding, on the embedded
-vLLM CPU engine or on llama.cpp.
+"""The demo's preregistered plans: on llama.cpp (the default), plain decoding against
+draft-model speculative decoding of a target built to be sped up; on the embedded vLLM CPU
+engine, plain against ngram speculative decoding.
 
 It lives here, above the experiment and server stages it combines: the server
 stage knows how to start the engine, not what a demo experiment is.
@@ -9,10 +10,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from tokrecord.engines import Endpoint, EngineName
-from tokrecord.experiment.plan import Arm, Design, Plan, ServerPlan
+from tokrecord.experiment.plan import Arm, Design, NoisePlan, Plan, ServerPlan
+from tokrecord.experiment.power import PowerReport
+from tokrecord.experiment.stats import Verdict, VerdictAnalysis
 from tokrecord.gates import GateConfig, LogRule
 from tokrecord.identity import IdentitySpec
 from tokrecord.probes.idle import IdleCriteria
@@ -81,10 +86,20 @@ def demo_plan(python: Path, model_dir: Path, *, rows: int | None = None,
     )
 
 
-# llama.cpp's ngram speculation: look up the last 3 tokens, draft the 4 that followed.
-LLAMACPP_NGRAM_ARGS = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
-                       "--spec-ngram-simple-size-m", "4")
-# The launcher's first line says what llama.cpp's own parser made of the argv.
+# llama.cpp's draft-model speculation: the draft (the plain demo model) proposes 6 tokens, the
+# target verifies them in one batch. Measured with bench/stalls.py on the 2-core machine
+# (target = demo model + 12 pass-through layers, one thread each; README "The demo"): 4 and 8
+# drafted tokens gained less, and a second batch thread (-tb 2) stalled delivery for up to 2 s.
+DRAFT_N_MAX: Final = 6
+
+
+def llamacpp_draft_args(draft: Path) -> tuple[str, ...]:
+    return ("--spec-draft-model", str(draft), "--spec-type", "draft-simple",
+            "--spec-draft-n-max", str(DRAFT_N_MAX), "--spec-draft-threads", "1")
+
+
+# The launcher's first line says what llama.cpp's own parser made of the argv; llama.cpp
+# prints one draft-acceptance line per speculative request.
 _DRAFTING = r"draft acceptance = "
 
 
@@ -94,10 +109,12 @@ def llamacpp_log_rules(arm: str) -> tuple[LogRule, ...]:
                 required=True),
         LogRule(claim="one slot", pattern=r"n_slots = 1,", required=True),
     )
-    if arm == "ngram":
+    if arm == "draft":
         return (
-            LogRule(claim="ngram speculative decoding active",
-                    pattern=r"spec_types=\[[^]]*NGRAM_SIMPLE", required=True),
+            LogRule(claim="draft-model speculative decoding active",
+                    pattern=r"spec_types=\[[^]]*DRAFT_SIMPLE[^]]*\] draft_model='[^']+\.gguf'",
+                    required=True),
+            LogRule(claim="draft model loaded", pattern=r"loading draft model '", required=True),
             LogRule(claim="drafts accepted on every row", pattern=_DRAFTING, expect="present",
                     required=True),
             *common,
@@ -105,26 +122,137 @@ def llamacpp_log_rules(arm: str) -> tuple[LogRule, ...]:
     return (
         LogRule(claim="no speculative decoding", pattern=_DRAFTING, expect="absent",
                 required=True),
+        LogRule(claim="no draft model", pattern=r"draft_model=''", required=True),
         *common,
     )
 
 
-def demo_plan_llamacpp(python: Path, gguf: Path, *, rows: int | None = None,
-                       idle_gap_s: float = 5.0) -> Plan:
-    """The same ABBA on llama.cpp (xllamacpp): control plain, candidate ngram-simple."""
+class DemoTiming(BaseModel):
+    """What the llama.cpp demo takes on the 2-core machine, in seconds, to size the design.
+
+    A leg is its idle gate before the server starts, the start, the 13 rows and the idle
+    gate after; the gap between legs is on top. Measured from the legs' own timestamps in
+    demo runs on this machine (README "The demo"), with the machine shared."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    setup_s: float = Field(gt=0)  # make setup + engine + model build on a fresh clone
+    teacher_leg_s: float = Field(gt=0)
+    control_leg_s: float = Field(gt=0)
+    candidate_leg_s: float = Field(gt=0)
+    # Runs on a shared machine take longer than the figures above: idle gates wait for
+    # other people's work, and rows stream slower beside it.
+    margin: float = Field(default=1.2, ge=1)
+
+
+# From a 2-block demo run on the shared machine (2026-12-01, load 0.9-2.5): legs on a quiet
+# machine took 28 s (control) and 25 s (candidate) with both idle gates, but other people's
+# work held the idle gates for up to 65 s, so these are that run's means per leg.
+DEMO_TIMING: Final = DemoTiming(setup_s=45, teacher_leg_s=70, control_leg_s=34,
+                                candidate_leg_s=43, margin=1.1)
+DEMO_BUDGET_S: Final = 600.0  # issue 18: `make demo` within 10 minutes, install included
+DEMO_MAX_BLOCKS: Final = 4
+
+
+def demo_seconds(blocks: int, timing: DemoTiming = DEMO_TIMING, idle_gap_s: float = 5.0) -> float:
+    """The expected wall time of `make demo` with ``blocks`` ABBA blocks, margin included."""
+    legs = timing.teacher_leg_s + blocks * 2 * (timing.control_leg_s + timing.candidate_leg_s)
+    gaps = 4 * blocks * idle_gap_s  # one before each leg after the teacher's
+    return timing.setup_s + timing.margin * (legs + gaps)
+
+
+def blocks_within(budget_s: float, timing: DemoTiming = DEMO_TIMING, idle_gap_s: float = 5.0,
+                  most: int = DEMO_MAX_BLOCKS) -> int:
+    """The most ABBA blocks whose expected time fits the budget (at least one: a demo
+    with no block would show nothing; the caller says when even one does not fit)."""
+    fits = [k for k in range(1, most + 1) if demo_seconds(k, timing, idle_gap_s) <= budget_s]
+    return max(fits, default=1)
+
+
+# The noise the power is computed from: leg to leg and row to row (sd of the log rate x 100),
+# as the verdict analysis of that 2-block llama.cpp demo run measured it (df 5 and 84).
+DEMO_NOISE: Final = NoisePlan(sd_leg_pct=2.3, sd_row_pct=2.4)
+# The smallest speed-up the demo preregisters as worth finding.
+DEMO_MIN_EFFECT_PCT: Final = 5.0
+
+
+def demo_plan_llamacpp(python: Path, target: Path, draft: Path, *, rows: int | None = None,
+                       idle_gap_s: float = 5.0, blocks: int = 1) -> Plan:
+    """llama.cpp (xllamacpp), ``blocks`` ABBA blocks: control plain decoding of the target,
+    candidate the same target with the draft model speculating (see demo.model: the draft
+    is the target's first layers, so it is right about every token and cheaper per token)."""
     return Plan(
-        name="demo-llamacpp-ngram-vs-plain",
+        name="demo-llamacpp-draft-vs-plain",
         design=Design.ABBA,
+        blocks=blocks,
+        min_effect_pct=DEMO_MIN_EFFECT_PCT,
+        noise=DEMO_NOISE,
         engine=EngineName.LLAMA_CPP,
         endpoint=Endpoint.NATIVE,
-        server=ServerPlan(argv=tuple(xllamacpp.llama_server_argv(python)), model=str(gguf),
+        server=ServerPlan(argv=tuple(xllamacpp.llama_server_argv(python)), model=str(target),
                           served_model=embedded.SERVED_MODEL, ready_timeout_s=120),
         arms={
-            "control": Arm(description="plain decoding", log_rules=llamacpp_log_rules("plain")),
-            "candidate": Arm(description="ngram-simple speculative decoding (n=3, m=4)",
-                             extra_args=LLAMACPP_NGRAM_ARGS, log_rules=llamacpp_log_rules("ngram")),
+            "control": Arm(description="plain decoding of the target",
+                           log_rules=llamacpp_log_rules("plain")),
+            "candidate": Arm(
+                description=f"draft-model speculative decoding ({draft.name}, "
+                            f"{DRAFT_N_MAX} drafted tokens)",
+                extra_args=llamacpp_draft_args(draft), log_rules=llamacpp_log_rules("draft")),
         },
         **_demo_common(rows, idle_gap_s),
         identity=IdentitySpec(native_globs={"engine": ["xllamacpp/**/*.so"]}),
-        notes="tokrecord demo: a tiny random Llama (GGUF) on llama.cpp's server, CPU, 1 thread",
+        notes="tokrecord demo: a tiny random Llama target (GGUF) and its draft, its own first "
+              "layers, on llama.cpp's server, CPU, 1 thread",
     )
+
+
+def design_lines(plan: Plan, power: PowerReport, detectable_pct: float | None,
+                 budget_s: float, sized_by_budget: bool,
+                 timing: DemoTiming = DEMO_TIMING) -> list[str]:
+    """What the demo tells before its first leg: how many blocks and why, and the power
+    they have (so a reader knows what a verdict from it can and cannot show)."""
+    expected = demo_seconds(plan.blocks, timing, plan.idle_gap_s)
+    why = (f"as many as fit the {budget_s / 60:g} min budget" if sized_by_budget
+           else "given with --blocks")
+    lines = [f"design: {plan.blocks} ABBA block(s) = {4 * plan.blocks} legs after the teacher "
+             f"({why}; expected {expected / 60:.1f} min with setup)"]
+    if expected > budget_s:
+        lines.append(f"  over budget: {plan.blocks} block(s) are expected to take "
+                     f"{expected / 60:.1f} min, more than {budget_s / 60:g} min")
+    by_effect = ", ".join(f"+{e.effect_pct:g} %: {100 * e.power:.0f} %" for e in power.entries)
+    lines.append(f"power, P(FASTER) for a true speed-up of {by_effect} (noise: leg "
+                 f"{power.sd_leg_pct:g} %, row {power.sd_row_pct:g} %, the plan's figures)")
+    found = (f"+{detectable_pct:g} % or more" if detectable_pct is not None
+             else "no effect up to +100 %")
+    lines.append(f"  with {100 * power.target_power:g} % power this design finds {found}")
+    if power.min_effect_power is not None and power.min_effect_power < power.target_power:
+        lines.append(f"  underpowered for the preregistered +{power.min_effect_pct:g} %: "
+                     f"{100 * power.min_effect_power:.0f} % power")
+    return lines
+
+
+def claim_lines(analysis: VerdictAnalysis, detectable_pct: float | None) -> list[str]:
+    """What the demo may claim from its verdict, given the power it had: a verdict is
+    stated only with its interval, and an effect smaller than the design finds reliably
+    is said to be so rather than claimed."""
+    if analysis.ratio is None or analysis.ci_low is None or analysis.ci_high is None:
+        return [f"no claim: the verdict could not be computed ({analysis.reason})"]
+    effect = 100 * (analysis.ratio - 1)
+    interval = (f"{effect:+.1f} % [{100 * (analysis.ci_low - 1):+.1f} %, "
+                f"{100 * (analysis.ci_high - 1):+.1f} %], interval width "
+                f"{100 * (analysis.ci_high - analysis.ci_low):.1f} points")
+    small = detectable_pct is None or abs(effect) < detectable_pct
+    reach = (f"+{detectable_pct:g} %" if detectable_pct is not None else "any effect up to +100 %")
+    if analysis.verdict in (Verdict.FASTER, Verdict.SLOWER):
+        word = analysis.verdict.value
+        if small:
+            return [f"{word} {interval}; but the effect is smaller than the {reach} this "
+                    "design finds with 90 % power, so a rerun may well not repeat it: "
+                    "more blocks before claiming it"]
+        return [f"claim: the candidate is {word} by {interval}"]
+    if analysis.verdict is Verdict.NO_DIFFERENCE:
+        return [f"claim: no difference beyond ±{analysis.equivalence_pct:g} %: {interval}"]
+    why = ("the effect is smaller than that" if small else
+           "the legs were noisier than the plan's noise figures")
+    return [f"no claim: {interval} is too wide to decide; this design finds {reach} with "
+            f"90 % power and {why} (more blocks, or a quieter machine)"]

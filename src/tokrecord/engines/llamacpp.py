@@ -126,7 +126,8 @@ class LlamaCppEngine(Engine):
 
     def speculative(self, argv: Sequence[str]) -> SpeculativeConfig | None:
         kinds = [k for k in (arg_value(argv, "--spec-type") or "").split(",") if k and k != "none"]
-        draft = arg_value(argv, "--model-draft", "-md")
+        # Three spellings of one flag (llama-server's --help lists them together).
+        draft = arg_value(argv, "--spec-draft-model", "--model-draft", "-md")
         if not kinds and draft is None:
             return None
         # A draft model drafts only with a draft-* spec type; -md alone loads it idle.

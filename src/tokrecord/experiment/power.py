@@ -84,6 +84,29 @@ def power_report(plan: Plan, noise: Noise, rows: int,
         min_effect_power=mine, entries=entries)
 
 
+def min_detectable_effect(noise: Noise, rows: int, blocks: int, confidence: float,
+                          equivalence_pct: float, target: float = TARGET_POWER,
+                          most_pct: float = 100.0) -> float | None:
+    """The smallest true speed-up (in %, to 0.1) that `blocks` blocks call FASTER with at
+    least `target` probability; None when not even +`most_pct` % reaches it. Power rises
+    with the effect, so a bisection finds it."""
+
+    def enough(effect: float) -> bool:
+        return power(effect, noise, rows, blocks, confidence, equivalence_pct) >= target
+
+    if not enough(most_pct):
+        return None
+    low, high = 0.0, most_pct  # low falls short, high reaches it
+    while high - low > 0.05:
+        mid = (low + high) / 2
+        low, high = (low, mid) if enough(mid) else (mid, high)
+    # The first 0.1 step at or above `low` that reaches it: one step less falls short.
+    found = math.ceil(low * 10) / 10
+    while not enough(found):
+        found = round(found + 0.1, 1)
+    return found
+
+
 def noise_from_record(record: Mapping[str, Any], source: str) -> Noise:
     """The noise an earlier record measured. A v2 record (ABBA or A/A) states it; an
     older or hand-made record (the seed form) gives its legs' headlines only, so the
