@@ -34,7 +34,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import gguf
 import numpy as np
 import numpy.typing as npt
 import safetensors.numpy
@@ -99,70 +98,22 @@ def param_count(weights: Mapping[str, npt.NDArray[Any]]) -> int:
 
 def write_gguf_f16(model_dir: Path, out_file: Path, *, layers: int | None = None,
                    damp_from: int | None = None, damp: float = 1.0) -> dict[str, Any]:
-    """The HF Llama in ``model_dir`` as one GGUF f16 file, laid out as ``demo/gguf.py``
-    lays out the demo model (same keys, q/k permutation and vocabulary).
+    """The HF Llama in ``model_dir`` as one GGUF f16 file, by the demo's own converter.
 
     ``layers``: keep only the first N blocks (a draft: same embeddings, final norm and
     head). ``damp_from``/``damp``: scale attn_output and ffn_down of blocks >= damp_from
     by ``damp`` (near-identity layers). Returns what was written."""
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    tokenizer = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
-    tok_config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
-    weights = safetensors.numpy.load_file(str(model_dir / "model.safetensors"))
-    n_layers = int(config["num_hidden_layers"]) if layers is None else layers
-    n_head = int(config["num_attention_heads"])
-    hidden = int(config["hidden_size"])
-    head_dim = int(config.get("head_dim") or hidden // n_head)
-    vocab_size = int(config["vocab_size"])
-    tokens, types, merges = demo_gguf._vocab(tokenizer, vocab_size)
-
-    def block(name: str) -> int | None:
-        return int(name.split(".")[1]) if name.startswith("blk.") else None
-
-    tensors = []
-    for name, data in demo_gguf._gguf_tensors(weights, config):
-        i = block(name)
-        if i is not None and i >= n_layers:
-            continue
-        if (i is not None and damp_from is not None and i >= damp_from
+    def adjust(name: str, data: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        block = int(name.split(".")[1]) if name.startswith("blk.") else None
+        if (block is not None and damp_from is not None and block >= damp_from
                 and name.endswith((".attn_output.weight", ".ffn_down.weight"))):
-            data = data * np.float32(damp)
-        # 1-D tensors (norms) stay f32, as llama.cpp's converter keeps them.
-        tensors.append((name, data.astype(np.float16) if data.ndim == 2 else data))
+            return data * np.float32(damp)
+        return data
 
-    writer = gguf.GGUFWriter(str(out_file), demo_gguf.ARCH)
-    writer.add_name(demo_model.DEMO_MODEL_NAME)
-    writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16))
-    writer.add_vocab_size(vocab_size)
-    writer.add_context_length(int(config["max_position_embeddings"]))
-    writer.add_embedding_length(hidden)
-    writer.add_block_count(n_layers)
-    writer.add_feed_forward_length(int(config["intermediate_size"]))
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(int(config["num_key_value_heads"]))
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(float(config["rope_theta"]))
-    writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(demo_gguf.TOKENIZER_PRE)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(int(config["bos_token_id"]))
-    writer.add_eos_token_id(int(config["eos_token_id"]))
-    writer.add_add_bos_token(bool(tok_config.get("add_bos_token", False)))
-    writer.add_add_eos_token(bool(tok_config.get("add_eos_token", False)))
-    if tok_config.get("chat_template"):
-        writer.add_chat_template(str(tok_config["chat_template"]))
-    for name, data in tensors:
-        writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return {"file": out_file.name, "layers": n_layers, "parameters": int(sum(d.size for _, d in tensors)),
+    params = demo_gguf.write_gguf(model_dir, out_file, f16=True, layers=layers, adjust=adjust)
+    n_layers = layers if layers is not None else int(json.loads(
+        (model_dir / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"])
+    return {"file": out_file.name, "layers": n_layers, "parameters": params,
             "bytes": out_file.stat().st_size, "sha256": _sha256(out_file),
             "damp_from": damp_from, "damp": damp if damp_from is not None else None}
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Final
@@ -159,9 +159,16 @@ def _vocab(tokenizer: Mapping[str, Any], vocab_size: int) -> tuple[list[str], li
     return tokens, types, merges
 
 
-def write_gguf(model_dir: Path, out_file: Path, name: str = DEMO_MODEL_NAME) -> None:
+def write_gguf(model_dir: Path, out_file: Path, name: str = DEMO_MODEL_NAME, *,
+               f16: bool = False, layers: int | None = None,
+               adjust: Callable[[str, npt.NDArray[np.float32]], npt.NDArray[np.float32]]
+               | None = None) -> int:
     """Write the HF-format Llama in ``model_dir`` (the demo model or its target) to ``out_file``
-    as GGUF, f32, under ``name``."""
+    as GGUF under ``name``; the number of parameters written.
+
+    f32 unless ``f16`` (matrices in f16, 1-D norms kept f32 as llama.cpp's converter keeps
+    them). ``layers`` keeps only the first N blocks with the same embeddings, final norm and
+    head (a draft of the model). ``adjust(gguf_name, data)`` may change a tensor first."""
     model_dir = Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     tokenizer = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
@@ -175,16 +182,23 @@ def write_gguf(model_dir: Path, out_file: Path, name: str = DEMO_MODEL_NAME) -> 
     head_dim = int(config.get("head_dim") or hidden // n_head)
     vocab_size = int(config["vocab_size"])
     tokens, types, merges = _vocab(tokenizer, vocab_size)
+    n_layers = int(config["num_hidden_layers"]) if layers is None else layers
+    tensors = [(t, d) for t, d in _gguf_tensors(weights, config)
+               if not t.startswith("blk.") or int(t.split(".")[1]) < n_layers]
+    if adjust is not None:
+        tensors = [(t, adjust(t, d)) for t, d in tensors]
+    if f16:
+        tensors = [(t, d.astype(np.float16) if d.ndim == 2 else d) for t, d in tensors]
 
     writer = gguf.GGUFWriter(str(out_file), ARCH)
     # No general.* provenance beyond the name: dates, paths or versions would make rebuilds
     # differ, and the cache directory name already records where the file came from.
     writer.add_name(name)
-    writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32))
     writer.add_vocab_size(vocab_size)
     writer.add_context_length(int(config["max_position_embeddings"]))
     writer.add_embedding_length(hidden)
-    writer.add_block_count(int(config["num_hidden_layers"]))
+    writer.add_block_count(n_layers)
     writer.add_feed_forward_length(int(config["intermediate_size"]))
     writer.add_head_count(n_head)
     writer.add_head_count_kv(int(config["num_key_value_heads"]))
@@ -210,13 +224,14 @@ def write_gguf(model_dir: Path, out_file: Path, name: str = DEMO_MODEL_NAME) -> 
     if tok_config.get("chat_template"):
         writer.add_chat_template(str(tok_config["chat_template"]))
 
-    for name, data in _gguf_tensors(weights, config):
-        writer.add_tensor(name, data)
+    for tensor, data in tensors:
+        writer.add_tensor(tensor, data)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return int(sum(d.size for _, d in tensors))
 
 
 def gguf_spec(model_dir: Path) -> dict[str, Any]:
@@ -258,7 +273,10 @@ def build_demo_gguf(cache_dir: Path = DEFAULT_CACHE_DIR, extra_layers: int = 0) 
     if _is_complete(target, file_name):
         return target / file_name
 
-    build_atomically(target, lambda tmp: write_gguf(model_dir, tmp / file_name, name))
+    def build(tmp: Path) -> None:
+        write_gguf(model_dir, tmp / file_name, name)
+
+    build_atomically(target, build)
     return target / file_name
 
 
