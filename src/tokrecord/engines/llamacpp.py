@@ -62,6 +62,13 @@ LLAMACPP_LOG_FACTS = (
     LogExtractor(name="graphs_reused", pattern=r"graphs reused = +(\d+)", reduce=Reduction.MAX,
                  value="int"),
     LogExtractor(name="draft_acceptance_lines", pattern=r"draft acceptance = "),
+    # Per device, from the load log: a server split over GPUs (--split-mode layer or row)
+    # names each device's share; a row split adds CUDAn_Split buffers.
+    LogExtractor(name="device_model_buffer_mib",
+                 pattern=r"(?P<rank>(?:CUDA|ROCm|Vulkan|SYCL|Metal)\d*(?:_Split)?) model buffer "
+                 r"size = +([\d.]+) MiB", reduce=Reduction.SUM, value="float"),
+    LogExtractor(name="devices_found", pattern=r"found (\d+) (?:CUDA|ROCm|SYCL|Vulkan) devices",
+                 reduce=Reduction.FIRST, value="int"),
 )
 
 # llama.cpp's stop types, in OpenAI's finish-reason words (as the teacher keeps them).

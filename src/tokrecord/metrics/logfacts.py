@@ -4,7 +4,9 @@ A fact is a regular expression (its first capture group is the value), a type,
 and a reduction over every matching line: count, sum, max, min, list, first or
 last. Engines ship default facts (their graph-capture and speculative lines) and
 plans add their own. A line's rank is the process label vLLM-style servers put in
-front of it, `(Worker_TP1 pid=123) ...`; lines without one have rank "-". The
+front of it, `(Worker_TP1 pid=123) ...`, or, for servers that name the device in the line
+itself (llama.cpp's `CUDA1 model buffer size = ...`), the pattern's named group `rank`;
+lines with neither have rank "-". The
 reduction is kept over all lines and per rank, with the number of lines found,
 so a `count` fact keeps what was actually found and a claim such as "31 per rank"
 is a fact, not a reading of the log by hand.
@@ -53,6 +55,9 @@ class LogExtractor(BaseModel):
             groups = re.compile(self.pattern).groups
         except re.error as exc:
             raise ValueError(f"invalid regular expression {self.pattern!r}: {exc}") from exc
+        rx = re.compile(self.pattern)
+        if "rank" in rx.groupindex:
+            groups -= 1  # the rank group names where, not what
         if self.reduce is not Reduction.COUNT and groups < 1:
             raise ValueError(f"fact {self.name!r}: a {self.reduce.value} reduction needs a "
                              "capture group holding the value")
@@ -108,13 +113,17 @@ def extract_log_facts(text: str, extractors: Sequence[LogExtractor]) -> tuple[Lo
     out = []
     for ex in extractors:
         rx = re.compile(ex.pattern)
+        rank_group = rx.groupindex.get("rank")
+        # The value is the first capture group that is not the rank's.
+        value_group = next((g for g in range(1, rx.groups + 1) if g != rank_group), None)
         found: dict[str, list[Any]] = {}
         everything: list[Any] = []
-        for line, rank in zip(lines, ranks, strict=True):
+        for line, prefix_rank in zip(lines, ranks, strict=True):
             m = rx.search(line)
             if m is None:
                 continue
-            value = _convert(m.group(1), ex.value) if rx.groups else None
+            rank = m.group("rank") if rank_group is not None and m.group("rank") else prefix_rank
+            value = _convert(m.group(value_group), ex.value) if value_group else None
             found.setdefault(rank, []).append(value)
             everything.append(value)
         out.append(LogFactValue(

@@ -201,7 +201,12 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
         server_log=server_log, idle=None if legacy else idle,
     )
     if "log_facts" in summary_raw:  # a summary written before log facts has none
-        facts = extract_log_facts(server_log, config.extractors)
+        recorded = {f.get("name") for f in summary_raw["log_facts"]}
+        # An engine default added after the leg ran is not in its evidence and is not a
+        # difference; every fact the plan itself declared must be there.
+        own = {e.name for e in config.log_facts}
+        facts = [f for f in extract_log_facts(server_log, config.extractors)
+                 if f.name in recorded or f.name in own]
         for field, message in diff(summary_raw["log_facts"],
                                    [f.model_dump(mode="json") for f in facts], "log_facts"):
             problems.append(Problem(file=summary_file, field=field, message=message))
