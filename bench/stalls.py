@@ -30,6 +30,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from bench.fidelity.floor_client import timed_reads
+
 SERVED_MODEL = "tokrecord-demo"
 HEADLINE_LAST = 100
 
@@ -78,18 +80,7 @@ def stream_row(host: str, port: int, dialect: str, row: dict[str, Any],
     path, body = _body(dialect, row)
     # A fresh connection per row: llama.cpp closes it after each stream anyway.
     conn = http.client.HTTPConnection(host, port, timeout=600)
-    reads: list[tuple[int, bytes]] = []
-    t_send = time.perf_counter_ns()
-    conn.request("POST", path, body, {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise SystemExit(f"HTTP {resp.status}: {resp.read()[:300]!r}")
-    while True:
-        data = resp.read1(65536)
-        t = time.perf_counter_ns()
-        if not data:
-            break
-        reads.append((t, data))
+    t_send, reads = timed_reads(conn, path, body, "stalls")
     conn.close()
     # Each event takes the time of the read that completed it.
     stamps: list[tuple[int, int]] = []  # (time, cumulative tokens) of token-carrying events

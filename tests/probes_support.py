@@ -30,3 +30,16 @@ interval_s = 0.25
 # The same, as the `idle` and `telemetry` sections of a plan given as a dict.
 FAST_PLAN_SECTIONS = {"idle": FAST_IDLE.model_dump(mode="json"),
                       "telemetry": FAST_TELEMETRY.model_dump(mode="json")}
+
+
+class FakeClock:
+    """A clock the idle gate's sleep advances: seconds pass only when asked to."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s

@@ -21,19 +21,27 @@ from pathlib import Path
 from typing import Any
 
 
-def stream_one(conn: http.client.HTTPConnection, body: bytes) -> dict[str, Any]:
+def timed_reads(conn: http.client.HTTPConnection, path: str, body: bytes, who: str
+                ) -> tuple[int, list[tuple[int, bytes]]]:
+    """POST and read the streamed response to its end, stamping each read as it returns:
+    (send time, [(read time, bytes)]). Nothing is parsed while the stream runs."""
     reads: list[tuple[int, bytes]] = []
     t_send = time.perf_counter_ns()
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    conn.request("POST", path, body, {"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
-        raise SystemExit(f"floor client: HTTP {resp.status}: {resp.read()[:300]!r}")
+        raise SystemExit(f"{who}: HTTP {resp.status}: {resp.read()[:300]!r}")
     while True:
         data = resp.read1(65536)
         t = time.perf_counter_ns()
         if not data:
             break
         reads.append((t, data))
+    return t_send, reads
+
+
+def stream_one(conn: http.client.HTTPConnection, body: bytes) -> dict[str, Any]:
+    t_send, reads = timed_reads(conn, "/v1/completions", body, "floor client")
     # After the stream: every SSE event takes the time of the read that completed it.
     chunks: list[list[int]] = []
     buffer = b""

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from paths import FIXTURES
+from probes_support import FakeClock
 from tokrecord.probes import DeviceSample, HostSample, Snapshot
 from tokrecord.probes.hardware import describe
 from tokrecord.probes.idle import IdleCriteria, busy_reasons, wait_idle
@@ -37,17 +38,6 @@ def snap(*devices: DeviceSample) -> Snapshot:
                                                 mem_total_bytes=256 << 30), devices=devices)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.t += s
-
-
 def test_the_idle_gate_names_the_busy_card_only() -> None:
     reasons = busy_reasons(snap(card(0, busy=False), card(1, busy=True)), IdleCriteria())
     assert reasons and all(r.startswith("nvml GPU 1 ") for r in reasons)
@@ -55,7 +45,7 @@ def test_the_idle_gate_names_the_busy_card_only() -> None:
 
 
 def test_a_leg_waits_for_every_card() -> None:
-    clock = Clock()
+    clock = FakeClock()
     result = wait_idle(lambda: snap(card(0, busy=False), card(1, busy=True)),
                        IdleCriteria(interval_s=1, timeout_s=5), "before",
                        sleep=clock.sleep, clock=clock)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from paths import FIXTURES as FIXTURES_DIR
+from probes_support import FakeClock
 from tokrecord.experiment.leg import LegConfig, ServerSpec, run_leg
 from tokrecord.probes import DeviceSample, HostSample, ProbeSet, Snapshot
 from tokrecord.probes.amd import parse_amd_smi, parse_rocm_smi
@@ -165,17 +166,6 @@ def test_amd_smi_list_form_and_rocm_smi() -> None:
 
 
 # --------------------------------------------------------------------------- the idle gate
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.t += s
 
 
 def sequence(*snaps: Snapshot) -> Iterator[Snapshot]:
