@@ -9,13 +9,12 @@ user's originals, so `tokrecord verify` recomputes it from the sealed directory 
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
 
 from tokrecord.errors import ConfigError
-from tokrecord.evidence import layout
+from tokrecord.evidence import layout, read_json
 from tokrecord.identity import sha256_file
 from tokrecord.metrics.components import (
     ComponentArm,
@@ -36,11 +35,9 @@ def trace_name(arm: ComponentArm, index: int) -> str:
 
 def _load(path: Path, what: str) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{what} {path}: cannot read: {exc.strerror}") from exc
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{what} {path}: not JSON: {exc}") from exc
+        return read_json(path, ConfigError)
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from exc
 
 
 def _reading(path: Path, spec: ComponentSpec, arm: ComponentArm) -> TraceReading:
