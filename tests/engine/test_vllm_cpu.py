@@ -90,8 +90,10 @@ def test_speculative_counters_only_on_candidate(
         assert e.draft_acceptance_rate is not None and 0 < e.draft_acceptance_rate <= 1
         assert e.emitted_tokens_per_draft_cycle is not None and e.emitted_tokens_per_draft_cycle > 1
         assert e.aggregate_cycle_ms is not None and e.aggregate_cycle_ms > 0
-        bound = results[leg].summary.quantisation_bound_pct_max
-        assert bound is not None and bound > 0  # speculative chunks carry several tokens
+        # Speculative chunks carry several tokens. (Not asserted through the quantisation
+        # bound: it is taken over rated rows only, and on this CPU engine's delivery stalls a
+        # leg can have a single rated row whose window starts and ends on one-token chunks.)
+        assert any(c["n"] > 1 for r in _rows(results[leg]) for c in r["trace"]["chunks"])
         claims = {c["claim"]: c["holds"]
                   for c in _gate(results[leg], "treatment_attestation").evidence["claims"]}
         assert claims["ngram speculative decoding active"]
