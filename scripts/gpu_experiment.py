@@ -24,7 +24,6 @@ directory name) records the dimensions used.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import sys
@@ -40,6 +39,7 @@ import safetensors.numpy
 
 from tokrecord.demo import gguf as demo_gguf
 from tokrecord.demo import model as demo_model
+from tokrecord.identity import sha256_file
 
 # The demo's own dimensions, and the ~1B target of issue 19 (same vocabulary and tokenizer).
 SIZES: dict[str, dict[str, int]] = {
@@ -114,16 +114,10 @@ def write_gguf_f16(model_dir: Path, out_file: Path, *, layers: int | None = None
     n_layers = layers if layers is not None else int(json.loads(
         (model_dir / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"])
     return {"file": out_file.name, "layers": n_layers, "parameters": params,
-            "bytes": out_file.stat().st_size, "sha256": _sha256(out_file),
+            "bytes": out_file.stat().st_size, "sha256": sha256_file(out_file),
             "damp_from": damp_from, "damp": damp if damp_from is not None else None}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def build_models(out: Path, size_name: str, draft_layers: int, damp: float | None) -> dict[str, Any]:

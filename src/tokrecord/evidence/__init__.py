@@ -9,6 +9,7 @@ RFC 8785 requires (absolute monotonic nanoseconds exceed 2^53 after ~104 days).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +27,11 @@ def canonical_json(obj: Any) -> bytes:
         return bytes(rfc8785.dumps(obj))
     except rfc8785.CanonicalizationError as exc:
         raise ValueError(f"cannot canonicalise as RFC 8785 JSON: {exc}") from exc
+
+
+def canonical_sha256(obj: Any) -> str:
+    """sha256 of the RFC 8785 form of ``obj`` (no trailing newline)."""
+    return hashlib.sha256(canonical_json(obj)).hexdigest()
 
 
 def _fast_canonical(record: Mapping[str, Any]) -> bytes:

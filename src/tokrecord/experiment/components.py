@@ -17,6 +17,7 @@ from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout, read_json
 from tokrecord.identity import sha256_file
 from tokrecord.metrics.components import (
+    ARMS,
     ComponentArm,
     ComponentSpec,
     TraceError,
@@ -25,8 +26,6 @@ from tokrecord.metrics.components import (
     read_check,
     read_trace,
 )
-
-_ARMS: tuple[ComponentArm, ...] = ("control", "candidate")
 
 
 def trace_name(arm: ComponentArm, index: int) -> str:
@@ -58,7 +57,7 @@ def check_components(specs: tuple[ComponentSpec, ...]) -> None:
     its exact flag."""
     for spec in specs:
         readings = {arm: [_reading(Path(p), spec, arm) for p in spec.traces(arm)]
-                    for arm in _ARMS}
+                    for arm in ARMS}
         if not any(c.launches for r in readings["control"] for c in r.cycles):
             raise ConfigError(f"component {spec.name!r}: no kernel in the control traces "
                               f"matches {list(spec.kernels)}")
@@ -74,7 +73,7 @@ def copy_components(specs: tuple[ComponentSpec, ...], exp_dir: Path) -> list[str
     for spec in specs:
         dest = exp_dir / layout.COMPONENTS_DIR / spec.name
         dest.mkdir(parents=True, exist_ok=True)
-        for arm in _ARMS:
+        for arm in ARMS:
             for i, src in enumerate(spec.traces(arm)):
                 shutil.copyfile(src, dest / trace_name(arm, i))
                 copied.append(str((dest / trace_name(arm, i)).relative_to(exp_dir)))
@@ -96,10 +95,10 @@ def sealed_component_evidence(specs: tuple[ComponentSpec, ...], exp_dir: Path
                         "gate_reasons": [f"{check_path.relative_to(exp_dir)} is missing"]})
             continue
         readings = {arm: [read_trace(_load(base / trace_name(arm, i), "trace"), spec)
-                          for i in range(len(spec.traces(arm)))] for arm in _ARMS}
+                          for i in range(len(spec.traces(arm)))] for arm in ARMS}
         hashes = {f"{layout.COMPONENTS_DIR}/{spec.name}/{trace_name(arm, i)}":
                   sha256_file(base / trace_name(arm, i))
-                  for arm in _ARMS for i in range(len(spec.traces(arm)))}
+                  for arm in ARMS for i in range(len(spec.traces(arm)))}
         out.append(component_evidence(spec, readings, _load(check_path, "check"), hashes,
                                       sha256_file(check_path)))
     return out

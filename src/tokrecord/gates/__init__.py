@@ -201,6 +201,15 @@ def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None) -> Ga
                       evidence=evidence)
 
 
+def output_divergence(a: RowOutcome, b: RowOutcome
+                      ) -> tuple[int | None, Literal["token_ids", "text"]]:
+    """Where b's output first differs from a's, and how they were compared: by token ids
+    when both rows have them, by text only as the fallback."""
+    if a.token_ids is not None and b.token_ids is not None:
+        return first_divergence(a.token_ids, b.token_ids), "token_ids"
+    return first_divergence(a.text, b.text), "text"
+
+
 def cross_leg_exact(legs: Mapping[str, Sequence[RowOutcome]]) -> GateResult:
     name = "cross_leg_exact"
     if len(legs) < 2:
@@ -211,14 +220,10 @@ def cross_leg_exact(legs: Mapping[str, Sequence[RowOutcome]]) -> GateResult:
     mismatches = []
     for other in names[1:]:
         for a, b in zip(ref, legs[other], strict=False):
-            # Token ids when both legs have them; text only as the fallback.
-            both_ids = a.token_ids is not None and b.token_ids is not None
-            seq_a: Sequence[Any] = a.token_ids if both_ids and a.token_ids is not None else a.text
-            seq_b: Sequence[Any] = b.token_ids if both_ids and b.token_ids is not None else b.text
-            index = first_divergence(seq_a, seq_b)
+            index, compared_by = output_divergence(a, b)
             if index is not None:
                 mismatches.append({"leg": other, "row": a.row, "index": index,
-                                   "compared_by": "token_ids" if both_ids else "text"})
+                                   "compared_by": compared_by})
         if len(ref) != len(legs[other]):
             mismatches.append({"leg": other, "row": None, "index": None})
     total = sum(len(v) for v in legs.values())

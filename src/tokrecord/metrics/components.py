@@ -28,6 +28,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ComponentArm = Literal["control", "candidate"]
+ARMS: Final[tuple[ComponentArm, ...]] = ("control", "candidate")
 _LAUNCH_CATS: Final = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
 
 
@@ -190,15 +191,13 @@ def component_evidence(spec: ComponentSpec,
                        check_sha256: str) -> dict[str, Any]:
     """The record's summary of one component (the ABBA seed's component_evidence form)."""
     exact, exact_devices = read_check(check)
-    per_arm = {arm: [r.launches_per_cycle for r in readings[arm]] for arm in ("control",
-                                                                            "candidate")}
+    per_arm = {arm: [r.launches_per_cycle for r in readings[arm]] for arm in ARMS}
     launches = {arm: _whole(_median([v for v in vals if v is not None]))
                 for arm, vals in per_arm.items()}
     removed = (launches["control"] - launches["candidate"]
                if launches["control"] is not None and launches["candidate"] is not None
                else None)
-    ms = {arm: [r.kernel_ms_per_cycle for r in readings[arm]] for arm in ("control",
-                                                                         "candidate")}
+    ms = {arm: [r.kernel_ms_per_cycle for r in readings[arm]] for arm in ARMS}
     savings = [a - b for a, b in zip(ms["control"], ms["candidate"], strict=True)
                if a is not None and b is not None]
     reasons = []
@@ -206,7 +205,7 @@ def component_evidence(spec: ComponentSpec,
         reasons.append("the component check does not say exact")
     if exact_devices is False:
         reasons.append("the component check is not exact on every device")
-    for arm in ("control", "candidate"):
+    for arm in ARMS:
         for i, r in enumerate(readings[arm]):
             if not r.cycles:
                 reasons.append(f"{arm} trace {i + 1}: no decode cycle found")
@@ -222,8 +221,7 @@ def component_evidence(spec: ComponentSpec,
         "cycle_annotation": spec.cycle,
         "kernel_patterns": list(spec.kernels),
         "devices_or_ranks": len(spec.control_traces),
-        "cycles": {arm: [len(r.cycles) for r in readings[arm]]
-                   for arm in ("control", "candidate")},
+        "cycles": {arm: [len(r.cycles) for r in readings[arm]] for arm in ARMS},
         "delimited_by": sorted({r.delimited_by for rs in readings.values() for r in rs}),
         "launches_per_cycle": {**launches, "removed": removed},
         "kernel_ms_per_cycle": ms,

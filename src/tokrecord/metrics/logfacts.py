@@ -52,12 +52,11 @@ class LogExtractor(BaseModel):
     @model_validator(mode="after")
     def _valid(self) -> LogExtractor:
         try:
-            groups = re.compile(self.pattern).groups
+            rx = re.compile(self.pattern)
         except re.error as exc:
             raise ValueError(f"invalid regular expression {self.pattern!r}: {exc}") from exc
-        rx = re.compile(self.pattern)
-        if "rank" in rx.groupindex:
-            groups -= 1  # the rank group names where, not what
+        # The rank group names where, not what.
+        groups = rx.groups - ("rank" in rx.groupindex)
         if self.reduce is not Reduction.COUNT and groups < 1:
             raise ValueError(f"fact {self.name!r}: a {self.reduce.value} reduction needs a "
                              "capture group holding the value")

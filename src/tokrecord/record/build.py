@@ -45,8 +45,7 @@ def build_record(plan: Plan, exp_dir: Path, results: Mapping[str, LegResult],
     tries = attempts_log(exp_dir)
     run_dirs = {name: (Path(r.run_dir), r.arm) for name, r in results.items()}
     rows, outs = leg_outcomes(plan, run_dirs)
-    docs = exactness_documents(outs, canonical_teacher(exp_dir, run_dirs),
-                               cross=plan.design is not Design.SINGLE)
+    docs = _documents(plan, exp_dir, run_dirs, outs)
     facts = evidence_facts(exp_dir, results, plan, document_hashes(docs))
     if plan.design is Design.SINGLE:
         return single_leg_record(plan, results["B1"], tries, facts)
@@ -76,6 +75,14 @@ def canonical_teacher(exp_dir: Path, run_dirs: Mapping[str, tuple[Path, str]]
     return load_teacher(found) if found is not None else None
 
 
+def _documents(plan: Plan, exp_dir: Path, run_dirs: Mapping[str, tuple[Path, str]],
+               outs: Mapping[str, list[RowOutcome]]) -> dict[str, bytes]:
+    """The exactness documents of these legs: the same bytes when the record is built and
+    when finish writes them."""
+    return exactness_documents(outs, canonical_teacher(exp_dir, run_dirs),
+                               cross=plan.design is not Design.SINGLE)
+
+
 def _write_documents(exp_dir: Path, record: Mapping[str, Any]) -> None:
     """The exactness documents, recomputed from the legs the record names, written
     beside it; their hashes must be the ones the record states."""
@@ -86,9 +93,7 @@ def _write_documents(exp_dir: Path, record: Mapping[str, Any]) -> None:
     runs = record.get("runs") or {"B1": {"run_dir": record["artifacts"]["run_dir"],
                                          "treatment": "candidate"}}
     run_dirs = {name: (Path(r["run_dir"]), r["treatment"]) for name, r in runs.items()}
-    _, outs = leg_outcomes(plan, run_dirs)
-    docs = exactness_documents(outs, canonical_teacher(exp_dir, run_dirs),
-                               cross=plan.design is not Design.SINGLE)
+    docs = _documents(plan, exp_dir, run_dirs, leg_outcomes(plan, run_dirs)[1])
     if document_hashes(docs) != stated:
         raise ConfigError("the exactness documents do not hash to what the record states")
     for name, data in docs.items():

@@ -13,8 +13,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from tokrecord.evidence import canonical_json, layout
-from tokrecord.gates import RowOutcome, compare_row, first_divergence
+from tokrecord.evidence import canonical_json, canonical_sha256, layout
+from tokrecord.gates import RowOutcome, compare_row, output_divergence
 from tokrecord.gates.teacher import Teacher
 
 SCHEMA_CROSS: Final = "tokrecord.cross-leg-exactness/v1"
@@ -29,7 +29,7 @@ def output_hashes(o: RowOutcome) -> dict[str, str | None]:
     """The row's text (UTF-8) and token ids (canonical JSON list) as sha256."""
     return {"text_sha256": _sha(o.text.encode("utf-8")),
             "token_ids_sha256": None if o.token_ids is None
-            else _sha(canonical_json(list(o.token_ids)))}
+            else canonical_sha256(list(o.token_ids))}
 
 
 def cross_leg_document(legs: Mapping[str, Sequence[RowOutcome]]) -> dict[str, Any]:
@@ -47,9 +47,7 @@ def cross_leg_document(legs: Mapping[str, Sequence[RowOutcome]]) -> dict[str, An
         for n, o in present.items():
             if ref is None or n == ref_name:
                 continue
-            by_ids = o.token_ids is not None and ref.token_ids is not None
-            divergence[n] = first_divergence(ref.token_ids if by_ids else ref.text,  # type: ignore[arg-type]
-                                             o.token_ids if by_ids else o.text)  # type: ignore[arg-type]
+            divergence[n] = output_divergence(ref, o)[0]
         same = len(present) == len(names) and all(v is None for v in divergence.values())
         identical += same
         first = next(iter(present.values()))

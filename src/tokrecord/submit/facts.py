@@ -18,7 +18,6 @@ actually run.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from tokrecord.errors import ConfigError, TokrecordError
-from tokrecord.evidence import canonical_json, layout, read_json, read_jsonl
+from tokrecord.evidence import canonical_sha256, layout, read_json, read_jsonl
 from tokrecord.evidence.seal import MANIFEST_NAME, Problem
 from tokrecord.experiment.leg import LegConfig, LegResult, ServerSpec, load_rows
 from tokrecord.gates import GateResult, GateStatus
@@ -114,9 +113,7 @@ class RecordFacts:
 # ---------------------------------------------------------------- evidence hashes
 
 
-def sha256_of_json(value: Any) -> str:
-    """sha256 of the RFC 8785 canonical JSON of ``value`` (no trailing newline)."""
-    return hashlib.sha256(canonical_json(value)).hexdigest()
+sha256_of_json = canonical_sha256  # the payload's hashes: sha256 of RFC 8785 JSON
 
 
 def prompt_sha256(facts: RecordFacts) -> str:
