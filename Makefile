@@ -34,9 +34,11 @@ demo: setup
 	$(BIN)/tokrecord engine --engine $(ENGINE)
 	$(BIN)/tokrecord demo --engine $(ENGINE)
 
-# Measurement fidelity: tokrecord, a stdlib floor client, vLLM bench serve, AIPerf and
-# GuideLLM against the fake server's own log (a table, not a test; ~25 min; the peers
-# are installed once under ~/.cache/tokrecord/bench). Options: ARGS="--runs 1 --cells 1000".
+# Measurement fidelity: tokrecord and a stdlib floor client on three paced servers (two
+# the client was never tuned on), unpinned and pinned, and vLLM bench serve, AIPerf and
+# GuideLLM on the fake server, against each server's own send log (a table, not a test;
+# ~40 min; the peers are installed once under ~/.cache/tokrecord/bench).
+# Options: ARGS="--runs 1 --cells 1000 --servers aio --configs default".
 fidelity: engine
 	$(BIN)/python -m bench.fidelity $(ARGS)
 

@@ -31,6 +31,7 @@ from rich.table import Table
 
 from bench.fidelity.tools import (
     FAKE_MODEL,
+    SERVERS,
     Cell,
     Job,
     Placement,
@@ -39,8 +40,8 @@ from bench.fidelity.tools import (
     ToolUnavailable,
     all_tools,
     bench_cache,
-    fake_server_argv,
     placement,
+    server_argv,
 )
 from bench.fidelity.truth import (
     Lags,
@@ -62,7 +63,8 @@ from tokrecord.evidence import read_jsonl
 from tokrecord.server.process import ServerProcess, free_port
 from tokrecord.suite import load_suite
 
-SCHEMA = "tokrecord.bench-fidelity/v1"
+SCHEMA = "tokrecord.bench-fidelity/v2"
+OLD_SCHEMA = "tokrecord.bench-fidelity/v1"  # one server, one placement; still readable
 TTFT_MS = 200.0
 
 CELLS: dict[str, tuple[float, int, int]] = {
@@ -92,12 +94,22 @@ TARGETS = (
 )
 
 
+# The configurations a run is made in: `default` is what users get (nothing pinned,
+# telemetry on); `pinned` keeps the server on a CPU of its own and the tool on the rest.
+CONFIGS = ("default", "pinned")
+# Peers count tokens with the fake server's tokenizer, which only the fake server's
+# text matches; they run on it, pinned, as they always have.
+PEER_GROUP = ("fake", "pinned")
+
+
 @dataclass
 class RunResult:
     cell: str
     run: int
     tool: str
     ok: bool
+    server: str = "fake"
+    config: str = "pinned"
     error: str | None = None
     rate_reported: float | None = None
     rate_truth: float | None = None
@@ -164,22 +176,24 @@ def _client_lags(tool: Tool, report: Report, job: Job, sent: Sequence[Any]) -> d
 
 
 def run_one(tool: Tool, cell_key: str, cell: Cell, run: int, out: Path,
-            prompts: list[dict[str, str]], tokenizer_dir: Path, where: Placement) -> RunResult:
-    workdir = out / cell_key / f"run{run}" / tool.key
+            prompts: list[dict[str, str]], tokenizer_dir: Path, where: Placement,
+            server_kind: str = "fake", config: str = "pinned") -> RunResult:
+    workdir = out / server_kind / config / cell_key / f"run{run}" / tool.key
     workdir.mkdir(parents=True, exist_ok=False)
     server_log = workdir / "server-sent.jsonl"
-    result = RunResult(cell=cell_key, run=run, tool=tool.key, ok=False)
+    result = RunResult(cell=cell_key, run=run, tool=tool.key, ok=False, server=server_kind,
+                       config=config)
     server: ServerProcess | None = None
     try:
         port = None
         if not tool.starts_own_server:
             port = free_port()
-            server = ServerProcess(fake_server_argv(cell, server_log, str(port), where),
+            server = ServerProcess(server_argv(server_kind, cell, server_log, str(port), where),
                                    port=port, log_path=workdir / "server.out", stop_grace_s=5)
             server.start()
             server.wait_ready(30, model=FAKE_MODEL, poll_s=0.1)
         job = Job(cell=cell, workdir=workdir, prompts=prompts, tokenizer_dir=tokenizer_dir,
-                  server_log=server_log, port=port, placement=where)
+                  server_log=server_log, port=port, placement=where, server=server_kind)
         report = tool.run(job)
     except ToolUnavailable as exc:
         result.error = str(exc)
@@ -252,8 +266,8 @@ def summarise(results: Sequence[RunResult], cells: dict[str, Cell], tools: Seque
     return rows
 
 
-def results_table(summary: Sequence[dict[str, Any]]) -> Table:
-    table = Table(title="measurement fidelity: tool figure vs the fake server's log "
+def results_table(summary: Sequence[dict[str, Any]], group: str = "") -> Table:
+    table = Table(title=f"measurement fidelity{group}: tool figure vs the server's send log "
                         "(mean over runs, and min … max)", header_style="bold")
     for name, justify in (("schedule", "left"), ("tool", "left"), ("rate err %", "right"),
                           ("range", "right"), ("TTFT err ms", "right"), ("range", "right"),
@@ -284,8 +298,8 @@ def results_table(summary: Sequence[dict[str, Any]]) -> Table:
     return table
 
 
-def schedule_table(results: Sequence[RunResult], cells: dict[str, Cell]) -> Table:
-    table = Table(title="how well the fake server kept each schedule (its own log, all runs)",
+def schedule_table(results: Sequence[RunResult], cells: dict[str, Cell], group: str = "") -> Table:
+    table = Table(title=f"how well the server kept each schedule{group} (its own log, all runs)",
                   header_style="bold")
     for name in ("schedule", "chunks", "late µs p50", "late µs p99", "late µs max",
                  "logged rate vs nominal %", "logged TTFT vs nominal ms"):
@@ -304,8 +318,8 @@ def schedule_table(results: Sequence[RunResult], cells: dict[str, Cell]) -> Tabl
     return table
 
 
-def lags_table(results: Sequence[RunResult], cells: dict[str, Cell]) -> Table:
-    table = Table(title="where client time goes (median per request, µs on the shared "
+def lags_table(results: Sequence[RunResult], cells: dict[str, Cell], group: str = "") -> Table:
+    table = Table(title=f"where client time goes{group} (median per request, µs on the shared "
                         "monotonic clock; mean over runs)", header_style="bold")
     for name in ("schedule", "client", "request trip", "first chunk", "token 1", "token 100"):
         table.add_column(name, justify="left" if name in ("schedule", "client") else "right")
@@ -340,6 +354,51 @@ def definitions_table(tools: Sequence[Tool], cells: dict[str, Cell]) -> Table:
     return table
 
 
+@dataclass(frozen=True)
+class FloorTarget:
+    """tokrecord against the floor client measured in the same run of the same cell."""
+
+    what: str
+    cells: tuple[str, ...]  # "*": every cell
+    limit: float
+    figure: str  # "rate_abs": |error| points over the floor's; "ttft": ms over the floor's
+
+
+FLOOR_TARGETS = (
+    FloorTarget("rate |error| <= floor's + 0.1 points at 1000 and 5000 tok/s",
+                ("1000", "5000"), 0.1, "rate_abs"),
+    FloorTarget("TTFT over truth <= floor's + 0.2 ms (every cell)", ("*",), 0.2, "ttft"),
+)
+
+
+def _floor_excess(tok: RunResult, floor: RunResult, figure: str) -> float | None:
+    if figure == "rate_abs":
+        if tok.rate_error_pct is None or floor.rate_error_pct is None:
+            return None
+        return abs(tok.rate_error_pct) - abs(floor.rate_error_pct)
+    if tok.ttft_error_ms is None or floor.ttft_error_ms is None:
+        return None
+    return tok.ttft_error_ms - floor.ttft_error_ms
+
+
+def floor_checks(results: Sequence[RunResult], cells: dict[str, Cell]) -> list[dict[str, Any]]:
+    """tokrecord's figure minus the floor's, run by run (the worst run decides)."""
+    floors = {(r.cell, r.run): r for r in results if r.tool == "floor" and r.ok}
+    checks = []
+    for target in FLOOR_TARGETS:
+        keys = list(cells) if target.cells == ("*",) else [c for c in target.cells if c in cells]
+        values = [v for r in results
+                  if r.tool == "tokrecord" and r.ok and r.cell in keys and (r.cell, r.run) in floors
+                  and (v := _floor_excess(r, floors[(r.cell, r.run)], target.figure)) is not None]
+        if not keys or not values:
+            continue
+        worst = max(values)
+        checks.append({"target": target.what, "limit": target.limit, "worst_run": worst,
+                       "mean": sum(values) / len(values), "runs": len(values),
+                       "met": worst <= target.limit})
+    return checks
+
+
 def target_checks(results: Sequence[RunResult], cells: dict[str, Cell]) -> list[dict[str, Any]]:
     checks = []
     mine = [r for r in results if r.tool == "tokrecord" and r.ok]
@@ -360,11 +419,11 @@ def target_checks(results: Sequence[RunResult], cells: dict[str, Cell]) -> list[
                        "mean": sum(values) / len(values) if values else None,
                        "runs": len(values),
                        "met": worst is not None and worst <= target.limit})
-    return checks
+    return checks + floor_checks(results, cells)
 
 
-def targets_table(checks: Sequence[dict[str, Any]]) -> Table:
-    table = Table(title="tokrecord against the issue's targets (worst run decides)",
+def targets_table(checks: Sequence[dict[str, Any]], group: str = "") -> Table:
+    table = Table(title=f"tokrecord against the targets{group} (worst run decides)",
                   header_style="bold")
     for name in ("target", "mean", "worst run", "runs", ""):
         table.add_column(name, justify="left" if name == "target" else "right")
@@ -388,17 +447,38 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--cells", default=",".join(CELLS),
                         help=f"comma-separated schedules (default all: {','.join(CELLS)})")
     parser.add_argument("--tools", default="tokrecord,floor,vllm,aiperf,guidellm",
-                        help="comma-separated tools (default all)")
+                        help="comma-separated tools (default all; the peers run on the fake "
+                             "server, pinned, only)")
+    parser.add_argument("--servers", default=",".join(SERVERS),
+                        help=f"comma-separated paced servers (default all: {','.join(SERVERS)})")
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help="default (nothing pinned, what users get) and/or pinned (the "
+                             "server on the last CPU, the tool on the others); default both")
     parser.add_argument("--no-pin", action="store_true",
-                        help="do not keep the fake server on a CPU of its own (by default, with "
-                             "2+ CPUs, the last CPU runs the server and the others the tool)")
+                        help="the same as --configs default")
     parser.add_argument("--report", type=Path, default=None, metavar="RESULTS",
                         help="print the tables of an earlier run (its results.json, or the "
                              "directory holding it) and exit")
     parser.add_argument("--out", type=Path, default=None,
                         help="directory for every run's files and results.json "
                              "(default tokrecord-runs/fidelity-<time>)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.no_pin:
+        args.configs = "default"
+    return args
+
+
+def _listed(what: str, raw: str, known: Sequence[str], err: Console) -> list[str] | None:
+    items = [x for x in raw.split(",") if x]
+    unknown = [x for x in items if x not in known]
+    if unknown or not items:
+        err.print(f"[red]unknown {what} {unknown}; known: {list(known)}[/]")
+        return None
+    return items
+
+
+def _runs_tool(tool: Tool, server: str, config: str) -> bool:
+    return tool.key in ("tokrecord", "floor") or (server, config) == PEER_GROUP
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -413,17 +493,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, json.JSONDecodeError) as exc:
             err.print(f"[red]cannot read {path}: {exc}[/]")
             return 2
-        if document.get("schema") != SCHEMA:
+        if document.get("schema") not in (SCHEMA, OLD_SCHEMA):
             err.print(f"[red]{args.report} is not a {SCHEMA} document[/]")
             return 2
         print_report(document, [t for t in all_tools() if t.key in document["tools"]],
                      out_console, err)
         return 0
-    unknown = [c for c in args.cells.split(",") if c not in CELLS]
-    if unknown:
-        err.print(f"[red]unknown cells {unknown}; known: {list(CELLS)}[/]")
+    cell_keys = _listed("cells", args.cells, list(CELLS), err)
+    servers = _listed("servers", args.servers, list(SERVERS), err)
+    configs = _listed("configs", args.configs, CONFIGS, err)
+    if cell_keys is None or servers is None or configs is None:
         return 2
-    cells = {key: cell_for(key, args.rows) for key in args.cells.split(",")}
+    cells = {key: cell_for(key, args.rows) for key in cell_keys}
     wanted = args.tools.split(",")
     tools = [t for t in all_tools() if t.key in wanted]
     out: Path = args.out or Path("tokrecord-runs") / (
@@ -433,10 +514,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     tokenizer_dir = ensure_tokenizer_dir(bench_cache() / "fake-vocab-tokenizer")
     prompts = prompts_for(args.rows)
-    where = placement(not args.no_pin)
+    placements = {config: placement(config == "pinned") for config in configs}
 
     unavailable: dict[str, str] = {}
     for tool in tools:
+        if not any(_runs_tool(tool, s, c) for s in servers for c in configs):
+            continue
         try:
             tool.prepare(lambda msg: err.print(escape(msg)))
         except ToolUnavailable as exc:
@@ -446,45 +529,61 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[RunResult] = []
     try:
         # Runs outermost, tools innermost: slow drifts of the machine's load fall on
-        # every tool alike instead of on whichever tool ran last.
+        # every tool, server and configuration alike instead of on whichever ran last.
         for run in range(1, args.runs + 1):
-            for key, cell in cells.items():
-                for tool in tools:
-                    if tool.key in unavailable:
-                        results.append(RunResult(cell=key, run=run, tool=tool.key, ok=False,
-                                                 error=unavailable[tool.key]))
-                        continue
-                    t0 = time.monotonic()
-                    result = run_one(tool, key, cell, run, out, prompts, tokenizer_dir, where)
-                    results.append(result)
-                    status = (f"rate {_f(result.rate_error_pct, 3, True)} %, "
-                              f"TTFT {_f(result.ttft_error_ms, 2, True)} ms, "
-                              f"CPU {_f(result.cpu_process_s, 2)} s"
-                              if result.ok else f"[red]{escape(result.error or '')[:300]}[/]")
-                    err.print(f"run {run} {cell.name:<22} {tool.label:<17} "
-                              f"{time.monotonic() - t0:5.1f} s  {status}")
+            for config in configs:
+                for server in servers:
+                    for key, cell in cells.items():
+                        for tool in tools:
+                            if not _runs_tool(tool, server, config):
+                                continue
+                            if tool.key in unavailable:
+                                results.append(RunResult(
+                                    cell=key, run=run, tool=tool.key, ok=False, server=server,
+                                    config=config, error=unavailable[tool.key]))
+                                continue
+                            t0 = time.monotonic()
+                            result = run_one(tool, key, cell, run, out, prompts, tokenizer_dir,
+                                             placements[config], server, config)
+                            results.append(result)
+                            status = (f"rate {_f(result.rate_error_pct, 3, True)} %, "
+                                      f"TTFT {_f(result.ttft_error_ms, 2, True)} ms, "
+                                      f"CPU {_f(result.cpu_process_s, 2)} s"
+                                      if result.ok else
+                                      f"[red]{escape(result.error or '')[:300]}[/]")
+                            err.print(f"run {run} {server:<8} {config:<7} {cell.name:<22} "
+                                      f"{tool.label:<17} {time.monotonic() - t0:5.1f} s  {status}")
     finally:
         load_end = os.getloadavg()[0]
-        summary = summarise(results, cells, tools)
-        checks = target_checks(results, cells) if any(t.key == "tokrecord" for t in tools) else []
+        groups = []
+        for config in configs:
+            for server in servers:
+                mine = [r for r in results if r.server == server and r.config == config]
+                group_tools = [t for t in tools if _runs_tool(t, server, config)]
+                groups.append({
+                    "server": server, "config": config,
+                    "placement": placements[config].describe(),
+                    "summary": summarise(mine, cells, group_tools),
+                    "targets": (target_checks(mine, cells)
+                                if any(t.key == "tokrecord" for t in group_tools) else []),
+                })
         document = {
             "schema": SCHEMA,
             "created_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "load_average_1min": {"start": load_start, "end": load_end},
             "cpu_count": os.cpu_count(),
-            "placement": where.describe(),
             "wall_seconds": round(time.monotonic() - started, 1),
             "clock": "time.perf_counter_ns (CLOCK_MONOTONIC, shared by every process of the "
-                     "machine) for the server's log, tokrecord and the floor client; each "
+                     "machine) for the servers' logs, tokrecord and the floor client; each "
                      "peer's own clock for its figures",
+            "servers": {name: SERVERS[name] for name in servers},
             "cells": {k: asdict(c) for k, c in cells.items()},
             "tools": {t.key: {"label": t.label, "version": t.version(),
                               "definition": {k: str(v) for k, v in
                                              asdict(t.definition(next(iter(cells.values()))))
                                              .items()}}
                       for t in tools},
-            "summary": summary,
-            "targets": checks,
+            "groups": groups,
             "runs": [asdict(r) for r in results],
         }
         results_path = out / "results.json"
@@ -495,6 +594,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _groups(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The document's (server, configuration) groups; an OLD_SCHEMA one has one."""
+    if "groups" in document:
+        return list(document["groups"])
+    return [{"server": "fake", "config": "pinned" if "not pinned" not in document["placement"]
+             else "default", "placement": document["placement"], "summary": document["summary"],
+             "targets": document["targets"]}]
+
+
 def print_report(document: dict[str, Any], tools: Sequence[Tool], out: Console,
                  err: Console) -> None:
     """Every table, from a results document (a fresh one or one read back)."""
@@ -503,13 +611,47 @@ def print_report(document: dict[str, Any], tools: Sequence[Tool], out: Console,
     load = document["load_average_1min"]
     out.print(f"1-min load average: {load['start']:.2f} at start, {load['end']:.2f} at end "
               f"({document['cpu_count']} CPUs); {document['wall_seconds']:.0f} s; "
-              f"{document['placement']}; {document['created_utc']}")
-    out.print(results_table(document["summary"]))
-    out.print(schedule_table(results, cells))
-    out.print(lags_table(results, cells))
+              f"{document['created_utc']}")
+    groups = _groups(document)
+    for group in groups:
+        label = f" — {group['server']} server, {group['config']} ({group['placement']})"
+        mine = [r for r in results if r.server == group["server"] and r.config == group["config"]]
+        out.print(results_table(group["summary"], label))
+        out.print(schedule_table(mine, cells, label))
+        out.print(lags_table(mine, cells, label))
+    if groups:
+        out.print(overview_table(groups))
     out.print(definitions_table(tools, cells))
-    if document["targets"]:
-        out.print(targets_table(document["targets"]))
+    for group in groups:
+        if group["targets"]:
+            out.print(targets_table(group["targets"],
+                                    f" — {group['server']} server, {group['config']}"))
     if max(load["start"], load["end"]) > 0.5 * (document["cpu_count"] or 1):
         err.print(f"[yellow]the machine was busy (load {load['start']:.2f} → {load['end']:.2f}):"
                   " figures carry that noise; run again when it is idle[/]")
+
+
+def overview_table(groups: Sequence[dict[str, Any]]) -> Table:
+    """tokrecord and the floor in every cell, server and configuration: one line each."""
+    table = Table(title="tokrecord and the floor on every server and configuration "
+                        "(rate error %, TTFT error ms: mean [min … max] over runs)",
+                  header_style="bold")
+    for name in ("server", "config", "schedule", "tokrecord rate", "floor rate",
+                 "tokrecord TTFT", "floor TTFT"):
+        table.add_column(name, justify="left" if name in ("server", "config", "schedule")
+                         else "right")
+    for group in groups:
+        by = {(row["cell"], row["tool"]): row for row in group["summary"]}
+        for cell in dict.fromkeys(row["cell"] for row in group["summary"]):
+            cells = []
+            for figure, digits in (("rate_error_pct", 3), ("ttft_error_ms", 2)):
+                for tool in ("tokrecord", "floor"):
+                    row = by.get((cell, tool))
+                    sp = Spread(**row[figure]) if row and row["runs_ok"] else None
+                    cells.append("—" if sp is None or sp.n == 0 else
+                                 f"{_f(sp.mean, digits, True)} [{_range(sp, digits)}]")
+            name = next(r["cell_name"] for r in group["summary"] if r["cell"] == cell)
+            table.add_row(group["server"], group["config"], name, cells[0], cells[1], cells[2],
+                          cells[3])
+        table.add_section()
+    return table

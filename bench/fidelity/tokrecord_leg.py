@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from tokrecord.engines import EngineName
 from tokrecord.experiment.leg import LegConfig, NullObserver, RowRecord, ServerSpec, run_leg
 from tokrecord.metrics import Convention
 from tokrecord.suite import Suite, SuiteRow
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=Path, required=True)
     parser.add_argument("--max-tokens", type=int, required=True)
     parser.add_argument("--headline", default=Convention.CONVENTIONAL.value)
+    parser.add_argument("--engine", default=None,
+                        help="the engine's dialect (default: inferred from the server command)")
     parser.add_argument("server_argv", nargs=argparse.REMAINDER,
                         help="after --: the fake server command ({port} is filled in)")
     args = parser.parse_args(argv)
@@ -68,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                           stop_grace_s=5),
         suite=suite_for(prompts, args.max_tokens),
         headline=Convention(args.headline),
+        engine=EngineName(args.engine) if args.engine else None,
         **extra,  # type: ignore[arg-type]
     )
     clock = _RowClock()

@@ -97,9 +97,27 @@ def placement(pin: bool) -> Placement:
     return Placement(frozenset(cpus[-1:]), frozenset(cpus[:-1]))
 
 
+# The paced servers the bench runs (bench/fidelity/servers says how each is built):
+# the packaged fake server the token loop was tuned on, and two it never saw.
+SERVERS: dict[str, str] = {
+    "threaded": "bench.fidelity.servers.threaded",
+    "aio": "bench.fidelity.servers.aio",
+    "fake": "tokrecord.server.fake",
+}
+
+
+def server_argv(server: str, cell: Cell, log: Path, port: str, where: Placement) -> list[str]:
+    """The command for one paced server on this cell's schedule, logging to `log`."""
+    module = SERVERS[server]
+    args = cell.server_args() if server == "fake" else [
+        "--ttft-ms", f"{cell.ttft_ms:g}", "--tok-s", f"{cell.tok_s:g}",
+        "--tokens-per-chunk", str(cell.tokens_per_chunk)]
+    return [*where.server_prefix(), sys.executable, "-m", module, "--port", port, *args,
+            "--log", str(log)]
+
+
 def fake_server_argv(cell: Cell, log: Path, port: str, where: Placement) -> list[str]:
-    return [*where.server_prefix(), sys.executable, "-m", "tokrecord.server.fake",
-            "--port", port, *cell.server_args(), "--log", str(log)]
+    return server_argv("fake", cell, log, port, where)
 
 
 @dataclass(frozen=True)
@@ -113,6 +131,7 @@ class Job:
     server_log: Path  # the fake server's --log for this run
     port: int | None = None  # the bench's fake server, for tools that need one started
     placement: Placement = Placement()
+    server: str = "fake"  # a key of SERVERS
 
 
 @dataclass(frozen=True)
@@ -287,8 +306,9 @@ class Tokrecord(Tool):
         argv = [sys.executable, "-m", "bench.fidelity.tokrecord_leg",
                 "--out", str(job.workdir / "leg"), "--result", str(result_path),
                 "--prompts", str(prompts), "--max-tokens", str(cell.max_tokens),
-                "--headline", headline.value, "--",
-                *fake_server_argv(cell, job.server_log, "{port}", job.placement)]
+                "--headline", headline.value,
+                *(["--engine", "vllm"] if job.server != "fake" else []), "--",
+                *server_argv(job.server, cell, job.server_log, "{port}", job.placement)]
         code, _cpu_tree = run_measured(argv, log_path=job.workdir / "tokrecord.log",
                                        cwd=Path(__file__).resolve().parents[2],
                                        cpus=job.placement.client_cpus)

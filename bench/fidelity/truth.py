@@ -1,9 +1,10 @@
-"""The truth: what the fake server logged it sent, turned into the figures tools report.
+"""The truth: what a paced server logged it sent, turned into the figures tools report.
 
-Pure functions, no I/O. The fake server's `--log` records, for every token-carrying
-chunk, `t_ns` = `time.perf_counter_ns()` right after the chunk's single socket write
-returned, and `due_ns` = when the schedule wanted it; for every generation request
-`t_ns` = when its handler started (headers read). `perf_counter_ns` is
+Pure functions, no I/O. A paced server's `--log` records, for every token-carrying
+chunk, `t_ns` = `time.perf_counter_ns()` at its socket write (the bench's own
+servers, bench/fidelity/servers: just before it; the packaged fake server: right
+after it returned), and `due_ns` = when the schedule wanted it; for every
+generation request `t_ns` = when its handler started (headers read). `perf_counter_ns` is
 CLOCK_MONOTONIC on Linux: one clock for every process of the machine, so server
 times and a client's times can be compared directly.
 

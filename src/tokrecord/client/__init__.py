@@ -2,6 +2,7 @@
 
 from tokrecord.client.sse import SSEDecoder, SSEEvent, SSEProtocolError
 from tokrecord.client.stream import RowTrace, build_body, stream_row
+from tokrecord.client.wire import close_wire
 from tokrecord.engines import CountSource, Endpoint
 
 __all__ = [
@@ -12,5 +13,6 @@ __all__ = [
     "SSEEvent",
     "SSEProtocolError",
     "build_body",
+    "close_wire",
     "stream_row",
 ]

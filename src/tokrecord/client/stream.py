@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tokrecord.client.chunked import ChunkedDecoder
 from tokrecord.client.sse import SSEDecoder
+from tokrecord.client.wire import Head, Wire, parse_head, request_bytes, wire_for
 from tokrecord.engines import ENGINES, CountSource, Endpoint, Engine, EngineName, StreamParser
 from tokrecord.errors import StreamError
 from tokrecord.metrics import Chunk
@@ -83,75 +83,6 @@ def _transport_message(
         return f"{where}: timed out after {received} tokens ({type(exc).__name__})"
     detail = str(exc) or type(exc).__name__
     return f"{where}: stream cut after {received} tokens ({events} events): {detail}"
-
-
-READ_SIZE = 65536
-# From an httpx response's stream to its connection's h11 state (httpx 0.28, httpcore 1.0).
-_H11_PATH = ("_stream", "_httpcore_stream", "_stream", "_connection", "_h11_state")
-
-
-def _read_timeout(response: httpx.Response) -> float | None:
-    timeout = response.request.extensions.get("timeout", {})
-    read = timeout.get("read") if isinstance(timeout, dict) else None
-    return float(read) if read is not None else None
-
-
-class _Direct:
-    """A response body read straight from its connection's socket."""
-
-    def __init__(self, sock: socket.socket, ahead: bytes, h11_state: Any) -> None:
-        self.sock = sock
-        self.ahead = ahead  # body bytes h11 read with the headers (still in its buffer)
-        self.h11_state = h11_state
-
-    def hand_back(self, body: Sequence[bytes]) -> None:
-        """Give h11 the body bytes it did not read, so that httpcore sees a complete
-        response and keeps the connection for the next row. A new connection per row
-        would mean a new server thread per row, which on a 2-core machine delays the
-        first chunks of the next row by milliseconds. Any failure here only costs the
-        reuse: httpcore then closes the connection."""
-        state = self.h11_state
-        data = b"".join(body)
-        try:
-            if data:  # to h11, receive_data(b"") means the peer closed the connection
-                state.receive_data(data)
-            # Data events until EndOfMessage (or anything else: a sentinel such as
-            # NEED_DATA is a class, hence the __name__ lookup first).
-            while getattr(event := state.next_event(), "__name__", type(event).__name__) == "Data":
-                pass
-        except Exception:  # any h11 complaint: no reuse, nothing worse (see above)
-            return
-
-
-def _direct_body(response: httpx.Response) -> _Direct | None:
-    """The connection's socket, when the body can be read straight from it: HTTP/1.1
-    with chunked framing, through the httpx/httpcore/h11 objects of the pinned versions.
-
-    httpx's path from `recv` to `iter_raw` (httpcore, h11, four generators) costs
-    ~20 µs per read warm and ~150 µs on the first read after an idle TTFT, which
-    lands on t_0 and, at high rates, on t_1: reading the socket directly stamps as
-    soon as `recv` returns. None, and the ordinary httpx path, whenever any of this
-    cannot be established.
-    """
-    if response.http_version != "HTTP/1.1":
-        return None
-    if response.headers.get("transfer-encoding", "").strip().lower() != "chunked":
-        return None
-    network = response.extensions.get("network_stream")
-    sock = network.get_extra_info("socket") if network is not None else None
-    if not isinstance(sock, socket.socket):
-        return None
-    # httpx -> httpcore -> h11 objects of the pinned versions; any change: fall back.
-    node: Any = response.stream
-    try:
-        for name in _H11_PATH:
-            node = getattr(node, name)
-        ahead, closed = node.trailing_data
-    except (AttributeError, TypeError, ValueError):
-        return None
-    if closed or not isinstance(ahead, bytes | bytearray):
-        return None
-    return _Direct(sock, bytes(ahead), node)
 
 
 # Decoding while a stream is slow: when the previous gap between two reads was at
@@ -243,10 +174,12 @@ def stream_row(
     returns, and the bytes. Decoding, parsing and writing events.jsonl follow the
     stream's end (or run between reads while the stream is slow, see
     LIVE_DECODE_GAP_NS), so they cannot delay a later stamp: at 20,000 tok/s a chunk
-    arrives every 50 µs, less than decoding one costs in Python. `t_send` is stamped
-    by httpcore's trace hook as the request headers start to be written (after any
-    connection set-up), falling back to just before `send` for a transport without
-    the hook.
+    arrives every 50 µs, less than decoding one costs in Python. The request is built
+    by httpx and, for a plain http:// client, written and read on a socket of the
+    client's own (`client.wire`: the first body bytes are stamped at their `recv`
+    even when they come with the response headers); otherwise it goes through httpx.
+    `t_send` is stamped just before the request is written (after any connection
+    set-up).
 
     Times are `perf_counter_ns() - epoch_ns`: the leg's clock, so recorded integers
     stay small (RFC 8785 / I-JSON) whatever the host's uptime."""
@@ -259,9 +192,12 @@ def stream_row(
 
     dialect = engine or ENGINES[EngineName.VLLM]
     path = dialect.path(endpoint)
-    # A server that closes every streamed response's socket is told so, so that no
-    # row ever waits on a connection the server has already dropped.
-    headers = {"Connection": "close"} if dialect.close_after_stream else None
+    # The body is read raw (never decompressed), so no compression is offered. A
+    # server that closes every streamed response's socket is told so, so that no row
+    # ever waits on a connection the server has already dropped.
+    headers = {"Accept-Encoding": "identity"}
+    if dialect.close_after_stream:
+        headers["Connection"] = "close"
     request = http.build_request("POST", path, json=dict(body), headers=headers,
                                  extensions={"trace": trace})
     state = _RowDecoder(row_index, where, dialect.parser(endpoint), sink, on_tokens)
@@ -278,30 +214,29 @@ def stream_row(
                         "t_send_ns": t_send, "path": path, "body": dict(body)})
         return t_send
 
+    def flush() -> None:
+        """Decode what arrived so far (the request's own event first)."""
+        write_request()
+        state.decode(stamps, reads)
+
+    wire = wire_for(http)
     t_fallback = time.perf_counter_ns()
     try:
-        response = http.send(request, stream=True)
-        # Written once the request is out (its headers answered): nothing to time then.
-        write_request()
-        try:
-            if response.status_code != 200:
-                response.read()
-                detail = response.text[:ERROR_BODY_CHARS].strip()
-                raise StreamError(
-                    f"{where}: HTTP {response.status_code} from {path}: {detail or '(empty body)'}"
-                )
-            direct = _direct_body(response)
-            if direct is not None:
-                _read_direct(direct, _read_timeout(response), state, stamps, reads, epoch_ns)
-            else:
-                _read_httpx(response, state, stamps, reads, epoch_ns)
-            t_end = time.perf_counter_ns() - epoch_ns
-            state.decode(stamps, reads)
-            state.close()
-            if direct is not None and not dialect.close_after_stream:
-                direct.hand_back(reads[1:] if direct.ahead else reads)
-        finally:
-            response.close()
+        if wire is not None:
+            try:
+                head = _read_wire(wire, request_bytes(request), state, stamps, reads, epoch_ns,
+                                  flush, sent, where, path)
+                t_end = time.perf_counter_ns() - epoch_ns
+                flush()
+                state.close()
+            except BaseException:
+                wire.close()  # its state is in doubt: the next row connects afresh
+                raise
+            framed = head.chunked or head.content_length is not None
+            wire.done(head.keep_alive and framed and not dialect.close_after_stream)
+        else:
+            t_end = _stream_httpx(http, request, state, stamps, reads, epoch_ns, flush, where,
+                                  path)
     except (StreamError, httpx.HTTPError) as exc:
         t_fail = time.perf_counter_ns() - epoch_ns
         write_request()
@@ -313,8 +248,7 @@ def stream_row(
         raise error from exc
     except BaseException as exc:  # Ctrl-C, SIGTERM: keep what arrived, then go
         with contextlib.suppress(Exception):
-            write_request()
-            state.decode(stamps, reads)
+            flush()
             sink.write({"kind": "end", "row": row_index, "t_ns": time.perf_counter_ns() - epoch_ns,
                         "ok": False, "error": f"interrupted ({type(exc).__name__})"})
         raise
@@ -328,54 +262,133 @@ def stream_row(
     return _trace(row_index, row, t_send, t_end, state.chunks, state.events, state.parser)
 
 
-def _read_direct(direct: _Direct, timeout: float | None, state: _RowDecoder, stamps: list[int],
-                 reads: list[bytes], epoch_ns: int) -> None:
-    """The token loop on the raw socket: stamp, store, and decode only at a possible end
-    or after a slow gap (LIVE_DECODE_GAP_NS)."""
-    sock, ahead = direct.sock, direct.ahead
-    chunked = state.chunked = ChunkedDecoder()
-    if ahead:  # body bytes httpx read with the headers
-        stamps.append(time.perf_counter_ns() - epoch_ns)
-        reads.append(ahead)
-    tail = ahead[-4:]
-    if tail == b"\r\n\r\n":  # perhaps the whole body came with the headers
-        state.decode(stamps, reads)
-    sock.settimeout(timeout)
+def _read_wire(wire: Wire, out: bytes, state: _RowDecoder, stamps: list[int], reads: list[bytes],
+               epoch_ns: int, flush: Callable[[], None], sent: list[int], where: str,
+               path: str) -> Head:
+    """The token loop on the client's own socket: write the request, then stamp and
+    store every read of the body; decode only at a possible end or after a slow gap
+    (LIVE_DECODE_GAP_NS). Returns the response head once the body is complete.
+
+    A kept connection the server has closed meanwhile (the write fails, or the socket
+    ends before any byte of a response) is replaced once and the request sent again:
+    the server cannot have started on a request it never answered."""
+    retry = wire.reused
+
+    def send() -> None:
+        sent[:] = [wire.send(out)]
+
+    try:
+        send()
+    except httpx.WriteError:
+        if not retry:
+            raise
+        retry = False
+        send()
+    head: Head | None = None
+    pending = b""
+    tail = b""
+    remaining: int | None = None  # body bytes still due, for a Content-Length body
     previous = 0
-    while not chunked.done:
+    while True:
         try:
-            data = sock.recv(READ_SIZE)
-        except TimeoutError as exc:
-            raise httpx.ReadTimeout(str(exc) or "timed out") from exc
-        except OSError as exc:
-            raise httpx.ReadError(str(exc)) from exc
+            data = wire.recv()
+        except httpx.ReadError:
+            if not (retry and not pending):
+                raise
+            data = b""
         t = time.perf_counter_ns()
         if not data:
+            if retry and not pending:
+                retry = False
+                wire.close()
+                send()
+                continue
+            if head is not None and not head.chunked and head.content_length is None:
+                return head  # a body delimited by the end of the connection
             raise httpx.RemoteProtocolError(
                 "peer closed connection without sending complete message body "
-                "(incomplete chunked read)")
+                "(incomplete chunked read)" if head is not None
+                else "server disconnected without sending a response")
+        retry = False
+        if head is None:
+            pending += data
+            head = parse_head(pending)
+            if head is None:
+                continue
+            if head.status != 200:
+                raise _http_error(wire, head, pending, where, path)
+            data = pending[head.body_offset:]
+            state.chunked = ChunkedDecoder() if head.chunked else None
+            remaining = None if head.chunked else head.content_length
+            if not data:
+                continue  # the headers alone (sent before the first token)
         stamps.append(t - epoch_ns)
         reads.append(data)
-        tail = (tail + data)[-4:]
-        # Every body ends in CRLF CRLF (last chunk, trailers): only then is the framing
-        # decoded to see whether this was the end.
-        end_maybe = tail == b"\r\n\r\n"
-        if end_maybe or (previous and t - previous >= LIVE_DECODE_GAP_NS):
-            state.decode(stamps, reads)
+        slow = previous and t - previous >= LIVE_DECODE_GAP_NS
         previous = t
+        if state.chunked is not None:
+            tail = (tail + data)[-4:]
+            # Every chunked body ends in CRLF CRLF (last chunk, trailers): only then is
+            # the framing decoded to see whether this was the end.
+            if tail == b"\r\n\r\n" or slow:
+                flush()
+                if state.chunked.done:
+                    return head
+        elif remaining is not None and (remaining := remaining - len(data)) <= 0:
+            return head
+        elif slow:
+            flush()
 
 
-def _read_httpx(response: httpx.Response, state: _RowDecoder, stamps: list[int],
-                reads: list[bytes], epoch_ns: int) -> None:
-    """The token loop through httpx, for a transport without a raw socket."""
-    previous = 0
-    for raw in response.iter_raw():
-        t = time.perf_counter_ns()
-        stamps.append(t - epoch_ns)
-        reads.append(raw)
-        if previous and t - previous >= LIVE_DECODE_GAP_NS:
-            state.decode(stamps, reads)
-        previous = t
+def _http_error(wire: Wire, head: Head, pending: bytes, where: str, path: str) -> StreamError:
+    """The error for a non-200 answer, with the start of its body (read as far as its
+    framing says, or until the connection ends); the connection is not kept."""
+    body = pending[head.body_offset:]
+    with contextlib.suppress(httpx.HTTPError):
+        while len(body) < 4 * ERROR_BODY_CHARS:
+            if head.content_length is not None and len(body) >= head.content_length:
+                break
+            if head.chunked and body.endswith(b"0\r\n\r\n"):
+                break
+            data = wire.recv()
+            if not data:
+                break
+            body += data
+    wire.close()
+    if head.chunked:
+        decoder = ChunkedDecoder()
+        with contextlib.suppress(StreamError):
+            body = b"".join(decoder.feed(body))
+    detail = body.decode("utf-8", errors="replace")[:ERROR_BODY_CHARS].strip()
+    return StreamError(f"{where}: HTTP {head.status} from {path}: {detail or '(empty body)'}")
+
+
+def _stream_httpx(http: httpx.Client, request: httpx.Request, state: _RowDecoder,
+                  stamps: list[int], reads: list[bytes], epoch_ns: int,
+                  flush: Callable[[], None], where: str, path: str) -> int:
+    """The row through httpx, for a client whose transport is not a plain socket (a
+    mock transport, a proxy, https); returns t_end."""
+    response = http.send(request, stream=True)
+    try:
+        if response.status_code != 200:
+            response.read()
+            detail = response.text[:ERROR_BODY_CHARS].strip()
+            raise StreamError(
+                f"{where}: HTTP {response.status_code} from {path}: {detail or '(empty body)'}")
+        previous = 0
+        for raw in response.iter_raw():
+            t = time.perf_counter_ns()
+            stamps.append(t - epoch_ns)
+            reads.append(raw)
+            if previous and t - previous >= LIVE_DECODE_GAP_NS:
+                flush()
+            previous = t
+        t_end = time.perf_counter_ns() - epoch_ns
+        flush()
+        state.close()
+        return t_end
+    finally:
+        response.close()
 
 
 def _failure(exc: StreamError | httpx.HTTPError, state: _RowDecoder, stamps: list[int],

@@ -24,7 +24,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tokrecord import __version__
-from tokrecord.client import RowTrace, stream_row
+from tokrecord.client import RowTrace, close_wire, stream_row
 from tokrecord.engines import (
     Endpoint,
     Engine,
@@ -377,8 +377,11 @@ def run_leg(
                                        on_poll=obs.server_waiting, engine=config.adapter)
         obs.server_ready(st.ready_s)
         with make_http(server.base_url, config.request_timeout_s) as http:
-            st.version = _engine_version(http, config.adapter)
-            _stream_suite(http, run, config, events, obs, epoch_ns, st)
+            try:
+                st.version = _engine_version(http, config.adapter)
+                _stream_suite(http, run, config, events, obs, epoch_ns, st)
+            finally:
+                close_wire(http)  # the rows' own connection, before the server stops
         st.status = "complete"
     except KeyboardInterrupt:
         st.status, st.error = "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)"
