@@ -37,7 +37,7 @@ demo: setup
 # Measurement fidelity: tokrecord and a stdlib floor client on three paced servers (two
 # the client was never tuned on), unpinned and pinned, and vLLM bench serve, AIPerf and
 # GuideLLM on the fake server, against each server's own send log (a table, not a test;
-# ~40 min; the peers are installed once under ~/.cache/tokrecord/bench).
+# ~45 min; the peers are installed once under ~/.cache/tokrecord/bench).
 # Options: ARGS="--runs 1 --cells 1000 --servers aio --configs default".
 fidelity: engine
 	$(BIN)/python -m bench.fidelity $(ARGS)

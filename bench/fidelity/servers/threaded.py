@@ -14,19 +14,7 @@ import socketserver
 import time
 from typing import Any
 
-from bench.fidelity.servers.common import (
-    STREAM_HEADERS,
-    Schedule,
-    SendLog,
-    add_arguments,
-    chunk_line,
-    done_line,
-    generation,
-    get_reply,
-    parse_request,
-    request_line,
-    whole,
-)
+from bench.fidelity.servers import common
 
 
 class Handler(socketserver.StreamRequestHandler):
@@ -47,24 +35,24 @@ class Handler(socketserver.StreamRequestHandler):
                     continue
                 head += line
             t_req = time.perf_counter_ns()
-            method, path, headers = parse_request(head)
+            method, path, headers = common.parse_request(head)
             body = self.rfile.read(int(headers.get("content-length", "0")))
             if method == "GET":
-                self.request.sendall(get_reply(path))
+                self.request.sendall(common.get_reply(path))
             elif path == "/v1/completions":
                 self.stream(t_req, body)
             else:
-                self.request.sendall(whole(404, b'{"error":"not found"}'))
+                self.request.sendall(common.whole(404, b'{"error":"not found"}'))
             if headers.get("connection", "").lower() == "close":
                 return
 
     def stream(self, t_req: int, body: bytes) -> None:
         server = self.server
-        gen = generation(body, server.schedule)
+        gen = common.generation(body, server.schedule)
         req = server.log.request()
-        lines: list[dict[str, Any]] = [request_line(req, t_req, gen.max_tokens)]
+        lines: list[dict[str, Any]] = [common.request_line(req, t_req, gen.max_tokens)]
         sock = self.request
-        pending = STREAM_HEADERS
+        pending = common.STREAM_HEADERS
         if not server.headers_with_first:
             sock.sendall(pending)
             pending = b""
@@ -79,11 +67,11 @@ class Handler(socketserver.StreamRequestHandler):
                     time.sleep(wait / 1e9)
                 t = time.perf_counter_ns()
                 sock.sendall(frame)
-                lines.append(chunk_line(req, t, due, positions))
+                lines.append(common.chunk_line(req, t, due, positions))
             sock.sendall(gen.closing())
         except OSError:
             outcome = "disconnected"
-        lines.append(done_line(req, outcome))
+        lines.append(common.done_line(req, outcome))
         server.log.flush(lines)
 
 
@@ -91,7 +79,7 @@ class Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], schedule: Schedule, log: SendLog,
+    def __init__(self, address: tuple[str, int], schedule: common.Schedule, log: common.SendLog,
                  headers_with_first: bool) -> None:
         super().__init__(address, Handler)
         self.schedule = schedule
@@ -101,11 +89,11 @@ class Server(socketserver.ThreadingTCPServer):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    add_arguments(parser)
+    common.add_arguments(parser)
     parser.add_argument("--headers", choices=("early", "with-first"), default="with-first")
     args = parser.parse_args(argv)
-    schedule = Schedule(args.ttft_ms, args.tok_s, args.tokens_per_chunk)
-    with Server((args.host, args.port), schedule, SendLog(args.log),
+    schedule = common.Schedule(args.ttft_ms, args.tok_s, args.tokens_per_chunk)
+    with Server((args.host, args.port), schedule, common.SendLog(args.log),
                 args.headers == "with-first") as server:
         server.serve_forever()
 
