@@ -69,8 +69,8 @@ def test_tokrecord_streams_from_each_bench_server(paced: tuple[str, Path, Cell])
     assert len(sent) == 2
     for trace, request, r in zip(traces, sent, rows, strict=True):
         assert trace.token_ids == tuple(output_ids(r.prompt, cell.max_tokens))
-        # token 0 alone is not special here: groups of 3 from the first token
-        assert [c.n for c in request.chunks] == [3] * 13 + [1]
+        # token 0 alone (the prefill), then groups of 3, as the fake server's schedule
+        assert [c.n for c in request.chunks] == [1] + [3] * 13
         assert [c.n for c in trace.chunks] == [c.n for c in request.chunks]
         # paced as asked (sleeping servers are late, never early), and the client
         # stamps every chunk after the server sent it

@@ -69,8 +69,12 @@ class Generation:
                 "completion_tokens": completion, "prompt_tokens_details": {"cached_tokens": 0}}
 
     def plan(self) -> list[range]:
+        """Token positions per chunk: token 0 alone (the prefill's token), then groups
+        of K, as a speculative engine streams them and as the fake server's schedule
+        has it: the same cell is the same schedule on every server."""
         k = self.schedule.tokens_per_chunk
-        return [range(i, min(i + k, self.max_tokens)) for i in range(0, self.max_tokens, k)]
+        return [range(0, 1)] + [range(i, min(i + k, self.max_tokens))
+                                for i in range(1, self.max_tokens, k)]
 
     def event(self, positions: range) -> bytes:
         last = positions[-1] == self.max_tokens - 1
