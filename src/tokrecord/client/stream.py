@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +21,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict
 
 from tokrecord.client.chunked import ChunkedDecoder
+from tokrecord.client.rawlog import HEADER, RAW_CHUNKED, RAW_PLAIN, RAW_READ, RawRow
 from tokrecord.client.sse import SSEDecoder
 from tokrecord.engines import ENGINES, CountSource, Endpoint, Engine, EngineName, StreamParser
 from tokrecord.errors import StreamError
@@ -235,6 +237,7 @@ def stream_row(
     on_tokens: Callable[[int, int], None] | None = None,
     epoch_ns: int = 0,
     engine: Engine | None = None,
+    raw_fd: int | None = None,
 ) -> RowTrace:
     """POST one streaming request and record it. Raises StreamError on any failure,
     after writing an `end` event that says what went wrong.
@@ -249,7 +252,12 @@ def stream_row(
     the hook.
 
     Times are `perf_counter_ns() - epoch_ns`: the leg's clock, so recorded integers
-    stay small (RFC 8785 / I-JSON) whatever the host's uptime."""
+    stay small (RFC 8785 / I-JSON) whatever the host's uptime.
+
+    `raw_fd` (an O_APPEND descriptor, see `tokrecord.client.rawlog`): each read's bytes
+    and stamp are also appended there, one unbuffered write per read, as they arrive,
+    so that a SIGKILL in the middle of a row, before any decoding, loses nothing that
+    had arrived; a resume decodes them (experiment.recovery)."""
     where = f"row {row_index} ({row.id})"
     sent: list[int] = []
 
@@ -291,10 +299,11 @@ def stream_row(
                     f"{where}: HTTP {response.status_code} from {path}: {detail or '(empty body)'}"
                 )
             direct = _direct_body(response)
+            raw = (raw_fd, row_index) if raw_fd is not None else None
             if direct is not None:
-                _read_direct(direct, _read_timeout(response), state, stamps, reads, epoch_ns)
+                _read_direct(direct, _read_timeout(response), state, stamps, reads, epoch_ns, raw)
             else:
-                _read_httpx(response, state, stamps, reads, epoch_ns)
+                _read_httpx(response, state, stamps, reads, epoch_ns, raw)
             t_end = time.perf_counter_ns() - epoch_ns
             state.decode(stamps, reads)
             state.close()
@@ -329,14 +338,22 @@ def stream_row(
 
 
 def _read_direct(direct: _Direct, timeout: float | None, state: _RowDecoder, stamps: list[int],
-                 reads: list[bytes], epoch_ns: int) -> None:
-    """The token loop on the raw socket: stamp, store, and decode only at a possible end
-    or after a slow gap (LIVE_DECODE_GAP_NS)."""
+                 reads: list[bytes], epoch_ns: int, raw: tuple[int, int] | None = None) -> None:
+    """The token loop on the raw socket: stamp, store (and append to the raw log), and
+    decode only at a possible end or after a slow gap (LIVE_DECODE_GAP_NS)."""
     sock, ahead = direct.sock, direct.ahead
     chunked = state.chunked = ChunkedDecoder()
+    # The raw log: one os.writev per read (header and bytes, no copy, no buffer), after
+    # the stamp; None without a log. Locals, so the loop does no attribute lookups.
+    raw_fd, raw_row = raw if raw is not None else (-1, 0)
+    writev, pack = os.writev, HEADER.pack
+    if raw is not None:
+        os.write(raw_fd, pack(RAW_CHUNKED, raw_row, 0, 0))
     if ahead:  # body bytes httpx read with the headers
         stamps.append(time.perf_counter_ns() - epoch_ns)
         reads.append(ahead)
+        if raw is not None:
+            writev(raw_fd, (pack(RAW_READ, raw_row, len(ahead), stamps[-1]), ahead))
     tail = ahead[-4:]
     if tail == b"\r\n\r\n":  # perhaps the whole body came with the headers
         state.decode(stamps, reads)
@@ -356,6 +373,8 @@ def _read_direct(direct: _Direct, timeout: float | None, state: _RowDecoder, sta
                 "(incomplete chunked read)")
         stamps.append(t - epoch_ns)
         reads.append(data)
+        if raw is not None:
+            writev(raw_fd, (pack(RAW_READ, raw_row, len(data), t - epoch_ns), data))
         tail = (tail + data)[-4:]
         # Every body ends in CRLF CRLF (last chunk, trailers): only then is the framing
         # decoded to see whether this was the end.
@@ -366,13 +385,19 @@ def _read_direct(direct: _Direct, timeout: float | None, state: _RowDecoder, sta
 
 
 def _read_httpx(response: httpx.Response, state: _RowDecoder, stamps: list[int],
-                reads: list[bytes], epoch_ns: int) -> None:
+                reads: list[bytes], epoch_ns: int, raw: tuple[int, int] | None = None) -> None:
     """The token loop through httpx, for a transport without a raw socket."""
+    raw_fd, raw_row = raw if raw is not None else (-1, 0)
+    writev, pack = os.writev, HEADER.pack
+    if raw is not None:
+        os.write(raw_fd, pack(RAW_PLAIN, raw_row, 0, 0))
     previous = 0
-    for raw in response.iter_raw():
+    for data in response.iter_raw():
         t = time.perf_counter_ns()
         stamps.append(t - epoch_ns)
-        reads.append(raw)
+        reads.append(data)
+        if raw is not None:
+            writev(raw_fd, (pack(RAW_READ, raw_row, len(data), t - epoch_ns), data))
         if previous and t - previous >= LIVE_DECODE_GAP_NS:
             state.decode(stamps, reads)
         previous = t
@@ -443,3 +468,33 @@ def replay_row(
                 chunks.append(Chunk(t_ns=int(record["t_ns"]), n=n))
     return _trace(row_index, row, int(request["t_send_ns"]), int(end["t_ns"]), chunks, events,
                   parser)
+
+
+class _ListSink:
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        self.records.append(dict(record))
+
+
+def decode_raw_row(raw: RawRow, endpoint: Endpoint, engine: Engine | None = None
+                   ) -> tuple[list[dict[str, Any]], bool, int, str | None]:
+    """One row's events from its raw reads (rawlog), decoded exactly as the live client
+    decodes them: the records, whether the stream was complete (its end arrived), the
+    tokens received and, for a stream that is not, why."""
+    sink = _ListSink()
+    parser = (engine or ENGINES[EngineName.VLLM]).parser(endpoint)
+    state = _RowDecoder(raw.row, f"row {raw.row}", parser, sink, None)
+    if raw.chunked:
+        state.chunked = ChunkedDecoder()
+    try:
+        state.decode(raw.stamps, raw.reads)
+        if state.done:
+            state.close()
+    except (StreamError, ValueError) as exc:  # malformed framing or event: cut there
+        return sink.records, False, state.received, str(exc)
+    if not state.done:
+        return sink.records, False, state.received, (
+            f"cut after {state.received} tokens ({state.events} events)")
+    return sink.records, True, state.received, None
