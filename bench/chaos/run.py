@@ -358,12 +358,25 @@ def truth_for(run_dir: Path, truth: Path) -> list[dict[str, Any]] | None:
     return jsonl_lines(logs[-1])[0]
 
 
+def unmarked_rows(run_dir: Path) -> list[int]:
+    """Rows the client began (a request or a chunk kept) that have neither a successful end
+    nor an end saying they are incomplete: a cut row must be marked, whoever cut it."""
+    out = []
+    for row, records in client_rows(run_dir).items():
+        began = any(r.get("kind") in ("request", "chunk") for r in records)
+        ends = [r.get("ok") for r in records if r.get("kind") == "end"]
+        if began and True not in ends and False not in ends:
+            out.append(row)
+    return out
+
+
 def raw_tally(exp: Path, truth: Path, kills: list[int], prompts: dict[str, int]) -> RawTally:
     """Per attempt, what the server wrote before the kill against what the client kept."""
     tally = RawTally()
     for run_dir in attempt_dirs(exp):
         sent = truth_for(run_dir, truth)
         if not sent:
+            tally.cut_unmarked += len(unmarked_rows(run_dir))
             continue
         rel = str(run_dir.relative_to(exp))
         start = min(int(r["t_ns"]) for r in sent)
@@ -386,19 +399,17 @@ def raw_tally(exp: Path, truth: Path, kills: list[int], prompts: dict[str, int])
             want = sum(int(r["n"]) for r in written)
             tally.rows_seen += 1
             lost = max(0, want - got)
-            ends = [r for r in records if r.get("kind") == "end"]
             if done:
                 tally.completed_rows += 1
                 tally.completed_lost += lost > 0
             else:
                 tally.cut_rows += 1
                 tally.cut_lost += lost > 0
-                if not any(e.get("ok") is False for e in ends):
-                    tally.cut_unmarked += 1
             tally.tokens_lost += lost
             if lost:
                 tally.details.append(f"{rel} row {row}: {want - got} of {want} tokens lost "
                                      f"({'completed' if done else 'cut'})")
+        tally.cut_unmarked += len(unmarked_rows(run_dir))
         rows_json = run_dir / "rows.json"
         if rows_json.exists():
             with contextlib.suppress(OSError, ValueError):
@@ -840,6 +851,21 @@ def summed(paths: Sequence[Path]) -> int:
     return 0
 
 
+def recheck_marks(roots: Sequence[Path]) -> int:
+    """The `cut rows marked` check over the experiments of earlier runs (it needs no truth)."""
+    for root in roots:
+        failing, rows = [], 0
+        for exp in sorted((root / "exps").glob("*/exp")):
+            found = [f"{d.relative_to(exp)} row {r}" for d in attempt_dirs(exp)
+                     for r in unmarked_rows(d)]
+            rows += len(found)
+            if found:
+                failing.append(f"{exp.parent.name}: {', '.join(found[:3])}")
+        console.print(f"{root}: {len(failing)} experiments failing, {rows} rows not marked"
+                      + (f" ({'; '.join(failing[:4])})" if failing else ""), soft_wrap=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -855,9 +881,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--src", type=Path, help="run this tokrecord source tree (a src/ dir)")
     parser.add_argument("--out", type=Path, help="keep everything here (default: a temp dir)")
     parser.add_argument("--sum", type=Path, nargs="+", help="add up earlier results.json")
+    parser.add_argument("--recheck-marks", type=Path, nargs="+", metavar="OUT",
+                        help="count again, in earlier --out directories, the cut rows that "
+                        "are not marked incomplete")
     args = parser.parse_args(argv)
     if args.sum:
         return summed(args.sum)
+    if args.recheck_marks:
+        return recheck_marks(args.recheck_marks)
     root = args.out or Path(tempfile.mkdtemp(prefix="tokrecord-chaos-"))
     root.mkdir(parents=True, exist_ok=True)
     bench = Bench(root=root, src=args.src, blocks=args.blocks, rows=args.rows,

@@ -456,6 +456,8 @@ def _run_attempts(
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
             raise
+        if exc.filename is None:  # a write to an open file: name the attempt it was in
+            exc.filename = str(run_dir)
         error = evidence_error(exc)
         with contextlib.suppress(EvidenceError):  # the log may be on the same full disk
             state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
