@@ -47,7 +47,7 @@ verdict: setup
 
 # Crash safety: SIGKILLs at random instants (harness, server, both), resumed until each
 # experiment completes, then every check; a full disk, a read-only directory, clock jumps
-# and a concurrent run (a table, not a test; ~15 min; the mounts need root).
+# and a concurrent run (a table, not a test; ~10 min; the mounts need root).
 chaos: setup
 	$(BIN)/python -m bench.chaos $(ARGS)
 
