@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 # This machine's pip indexes print one warning per missing mirror entry; hide them.
 QUIET_PIP := grep -v 'is ignored: it is neither a file nor a directory' || true
 
-.PHONY: setup engine demo fidelity verdict test test-fast lint schema clean
+.PHONY: setup engine demo fidelity verdict chaos test test-fast lint schema clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,12 @@ fidelity: engine
 # of synthetic experiments, then an A/A and a +3 % experiment on the fake server (~10 min).
 verdict: setup
 	$(BIN)/python -m bench.verdict $(ARGS)
+
+# Crash safety: SIGKILLs at random instants (harness, server, both), resumed until each
+# experiment completes, then every check; a full disk, a read-only directory, clock jumps
+# and a concurrent run (a table, not a test; ~10 min; the mounts need root).
+chaos: setup
+	$(BIN)/python -m bench.chaos $(ARGS)
 
 lint: setup
 	$(BIN)/ruff check src tests bench

@@ -34,3 +34,13 @@ class StreamError(TokrecordError):
 
 class EngineSetupError(TokrecordError):
     """The embedded engine venv could not be built or used."""
+
+
+class EvidenceError(TokrecordError):
+    """Evidence cannot be written: a full disk, a read-only directory, no permission.
+
+    Its own exit code (EX_IOERR of sysexits.h), so a script can tell "the machine
+    could not keep the evidence" from a failed measurement. What was written stays.
+    """
+
+    exit_code = 74

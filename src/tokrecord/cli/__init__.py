@@ -33,12 +33,18 @@ from tokrecord.demo.plan import (
 )
 from tokrecord.engines import Endpoint, EngineName
 from tokrecord.errors import ConfigError, TokrecordError
+from tokrecord.evidence import WRITE_ERRNOS, evidence_error, read_json
 from tokrecord.evidence.seal import MANIFEST_NAME, load_or_create_key, seal, write_addendum
 from tokrecord.experiment.audit import audit_suite, judge_audit
 from tokrecord.experiment.leg import LegConfig, LegResult, run_leg, teacher_from_run
 from tokrecord.experiment.plan import Plan, load_plan
 from tokrecord.experiment.power import min_detectable_effect, plan_noise, power_report
-from tokrecord.experiment.runner import default_experiment_dir, plan_suite, run_experiment
+from tokrecord.experiment.runner import (
+    default_experiment_dir,
+    experiment_lock,
+    plan_suite,
+    run_experiment,
+)
 from tokrecord.experiment.stats import VerdictAnalysis
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.metrics import Convention
@@ -76,6 +82,14 @@ def _guard(func: Callable[P, None]) -> Callable[P, None]:
         except TokrecordError as exc:
             err_console.print(Text.assemble(("tokrecord: error: ", "bold red"), str(exc)))
             raise typer.Exit(exc.exit_code) from None
+        except OSError as exc:
+            # A full disk or a read-only directory is the machine's state, not a bug:
+            # one message, its own exit code. Any other OSError keeps its traceback.
+            if exc.errno not in WRITE_ERRNOS:
+                raise
+            error = evidence_error(exc)
+            err_console.print(Text.assemble(("tokrecord: error: ", "bold red"), str(error)))
+            raise typer.Exit(error.exit_code) from None
         except KeyboardInterrupt:
             err_console.print(
                 "[bold red]tokrecord: interrupted[/]; the server was stopped and the run "
@@ -330,12 +344,16 @@ def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None,
     if prior_check is not None:
         err_console.print(Text(_prior_text(prior_check)))
     observer = _PriorCheckObserver(err_console, exp_dir, prior_check, show_log_tail=show_log_tail)
-    results = run_experiment(plan, exp_dir, observer, plan_text=plan_text)
-    record = build_record(plan, exp_dir, results)
-    key = load_or_create_key()
-    record["seal"] = {"public_key_fingerprint": key.fingerprint, "keyid": key.keyid,
-                      "public_key_pem": key.public_key_pem}
-    path = finish(exp_dir, record, key)
+    # One run of an experiment at a time, from preregistration to the seal.
+    with experiment_lock(exp_dir):
+        results = run_experiment(plan, exp_dir, observer, plan_text=plan_text)
+        built = build_record(plan, exp_dir, results)
+        key = load_or_create_key()
+        built["seal"] = {"public_key_fingerprint": key.fingerprint, "keyid": key.keyid,
+                         "public_key_pem": key.public_key_pem}
+        path = finish(exp_dir, built, key)
+    # The record on disk: after a kill while finishing, it is the one written then.
+    record: dict[str, Any] = read_json(path, ConfigError)
     if plan.design.value == "single":
         print_leg(out_console, err_console, results["B1"])
         print_gates(out_console, results["B1"])

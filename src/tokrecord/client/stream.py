@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -19,6 +20,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict
 
 from tokrecord.client.chunked import ChunkedDecoder
+from tokrecord.client.rawlog import HEADER, RAW_CHUNKED, RAW_PLAIN, RAW_READ, RawRow
 from tokrecord.client.sse import SSEDecoder
 from tokrecord.client.wire import Head, Wire, parse_head, request_bytes, wire_for
 from tokrecord.engines import ENGINES, CountSource, Endpoint, Engine, EngineName, StreamParser
@@ -166,6 +168,7 @@ def stream_row(
     on_tokens: Callable[[int, int], None] | None = None,
     epoch_ns: int = 0,
     engine: Engine | None = None,
+    raw_fd: int | None = None,
 ) -> RowTrace:
     """POST one streaming request and record it. Raises StreamError on any failure,
     after writing an `end` event that says what went wrong.
@@ -182,7 +185,12 @@ def stream_row(
     set-up).
 
     Times are `perf_counter_ns() - epoch_ns`: the leg's clock, so recorded integers
-    stay small (RFC 8785 / I-JSON) whatever the host's uptime."""
+    stay small (RFC 8785 / I-JSON) whatever the host's uptime.
+
+    `raw_fd` (an O_APPEND descriptor, see `tokrecord.client.rawlog`): each read's body
+    bytes and stamp are also appended there, one unbuffered write per read, as they
+    arrive, so that a SIGKILL in the middle of a row, before any decoding, loses
+    nothing that had arrived; a resume decodes them (experiment.recovery)."""
     where = f"row {row_index} ({row.id})"
     sent: list[int] = []
 
@@ -220,12 +228,13 @@ def stream_row(
         state.decode(stamps, reads)
 
     wire = wire_for(http)
+    raw = (raw_fd, row_index) if raw_fd is not None else None
     t_fallback = time.perf_counter_ns()
     try:
         if wire is not None:
             try:
                 head = _read_wire(wire, request_bytes(request), state, stamps, reads, epoch_ns,
-                                  flush, sent, where, path)
+                                  flush, sent, where, path, raw)
                 t_end = time.perf_counter_ns() - epoch_ns
                 flush()
                 state.close()
@@ -236,7 +245,7 @@ def stream_row(
             wire.done(head.keep_alive and framed and not dialect.close_after_stream)
         else:
             t_end = _stream_httpx(http, request, state, stamps, reads, epoch_ns, flush, where,
-                                  path)
+                                  path, raw)
     except (StreamError, httpx.HTTPError) as exc:
         t_fail = time.perf_counter_ns() - epoch_ns
         write_request()
@@ -264,15 +273,21 @@ def stream_row(
 
 def _read_wire(wire: Wire, out: bytes, state: _RowDecoder, stamps: list[int], reads: list[bytes],
                epoch_ns: int, flush: Callable[[], None], sent: list[int], where: str,
-               path: str) -> Head:
+               path: str, raw: tuple[int, int] | None = None) -> Head:
     """The token loop on the client's own socket: write the request, then stamp and
     store every read of the body; decode only at a possible end or after a slow gap
     (LIVE_DECODE_GAP_NS). Returns the response head once the body is complete.
 
     A kept connection the server has closed meanwhile (the write fails, or the socket
     ends before any byte of a response) is replaced once and the request sent again:
-    the server cannot have started on a request it never answered."""
+    the server cannot have started on a request it never answered.
+
+    With `raw` (descriptor, row), each body read is also appended to the raw log after
+    its stamp: one `struct.pack` and one unbuffered `writev`, no decoding."""
     retry = wire.reused
+    # Locals, so that the loop does no attribute lookups for the raw log.
+    raw_fd, raw_row = raw if raw is not None else (-1, 0)
+    writev, pack = os.writev, HEADER.pack
 
     def send() -> None:
         sent[:] = [wire.send(out)]
@@ -320,10 +335,14 @@ def _read_wire(wire: Wire, out: bytes, state: _RowDecoder, stamps: list[int], re
             data = pending[head.body_offset:]
             state.chunked = ChunkedDecoder() if head.chunked else None
             remaining = None if head.chunked else head.content_length
+            if raw is not None:
+                os.write(raw_fd, pack(RAW_CHUNKED if head.chunked else RAW_PLAIN, raw_row, 0, 0))
             if not data:
                 continue  # the headers alone (sent before the first token)
         stamps.append(t - epoch_ns)
         reads.append(data)
+        if raw is not None:
+            writev(raw_fd, (pack(RAW_READ, raw_row, len(data), t - epoch_ns), data))
         slow = previous and t - previous >= LIVE_DECODE_GAP_NS
         previous = t
         if state.chunked is not None:
@@ -365,7 +384,8 @@ def _http_error(wire: Wire, head: Head, pending: bytes, where: str, path: str) -
 
 def _stream_httpx(http: httpx.Client, request: httpx.Request, state: _RowDecoder,
                   stamps: list[int], reads: list[bytes], epoch_ns: int,
-                  flush: Callable[[], None], where: str, path: str) -> int:
+                  flush: Callable[[], None], where: str, path: str,
+                  raw: tuple[int, int] | None = None) -> int:
     """The row through httpx, for a client whose transport is not a plain socket (a
     mock transport, a proxy, https); returns t_end."""
     response = http.send(request, stream=True)
@@ -375,11 +395,17 @@ def _stream_httpx(http: httpx.Client, request: httpx.Request, state: _RowDecoder
             detail = response.text[:ERROR_BODY_CHARS].strip()
             raise StreamError(
                 f"{where}: HTTP {response.status_code} from {path}: {detail or '(empty body)'}")
+        raw_fd, raw_row = raw if raw is not None else (-1, 0)
+        writev, pack = os.writev, HEADER.pack
+        if raw is not None:
+            os.write(raw_fd, pack(RAW_PLAIN, raw_row, 0, 0))
         previous = 0
-        for raw in response.iter_raw():
+        for data in response.iter_raw():
             t = time.perf_counter_ns()
             stamps.append(t - epoch_ns)
-            reads.append(raw)
+            reads.append(data)
+            if raw is not None:
+                writev(raw_fd, (pack(RAW_READ, raw_row, len(data), t - epoch_ns), data))
             if previous and t - previous >= LIVE_DECODE_GAP_NS:
                 flush()
             previous = t
@@ -456,3 +482,33 @@ def replay_row(
                 chunks.append(Chunk(t_ns=int(record["t_ns"]), n=n))
     return _trace(row_index, row, int(request["t_send_ns"]), int(end["t_ns"]), chunks, events,
                   parser)
+
+
+class _ListSink:
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        self.records.append(dict(record))
+
+
+def decode_raw_row(raw: RawRow, endpoint: Endpoint, engine: Engine | None = None
+                   ) -> tuple[list[dict[str, Any]], bool, int, str | None]:
+    """One row's events from its raw reads (rawlog), decoded exactly as the live client
+    decodes them: the records, whether the stream was complete (its end arrived), the
+    tokens received and, for a stream that is not, why."""
+    sink = _ListSink()
+    parser = (engine or ENGINES[EngineName.VLLM]).parser(endpoint)
+    state = _RowDecoder(raw.row, f"row {raw.row}", parser, sink, None)
+    if raw.chunked:
+        state.chunked = ChunkedDecoder()
+    try:
+        state.decode(raw.stamps, raw.reads)
+        if state.done:
+            state.close()
+    except (StreamError, ValueError) as exc:  # malformed framing or event: cut there
+        return sink.records, False, state.received, str(exc)
+    if not state.done:
+        return sink.records, False, state.received, (
+            f"cut after {state.received} tokens ({state.events} events)")
+    return sink.records, True, state.received, None

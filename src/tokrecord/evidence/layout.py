@@ -32,6 +32,11 @@ GATES: Final = "gates.json"
 ROWS: Final = "rows.json"
 SUMMARY: Final = "summary.json"
 ERROR: Final = "error.json"
+# Every read's bytes and stamp, appended as they arrive (client.rawlog), and what a
+# resume decoded from them after a hard kill (experiment.recovery).
+RAW_READS: Final = "raw-reads.bin"
+RECOVERED_EVENTS: Final = "recovered-events.jsonl"
+RECOVERY: Final = "recovery.json"
 # The files a record hashes for each leg (when present), in this order.
 EVIDENCE_FILES: Final = (SUMMARY, ROWS, EVENTS, GATES, CONFIG, SERVER_LOG, CLEANUP,
                          METRICS_BEFORE, METRICS_AFTER, IDLE, TELEMETRY, HARDWARE)

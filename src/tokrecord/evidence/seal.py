@@ -45,6 +45,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from pydantic import BaseModel, ConfigDict
 
 from tokrecord.errors import TokrecordError
+from tokrecord.evidence import write_exclusive
 from tokrecord.identity.hashing import manifest_text, sha256_file
 
 MANIFEST_NAME = "manifest.sha256"
@@ -285,8 +286,7 @@ def write_manifest(directory: Path) -> Path:
     lines = manifest_text({rel: sha256_file(directory / rel) for rel in files})
     target = directory / MANIFEST_NAME
     try:
-        with open(target, "xb") as fh:
-            fh.write(lines.encode("utf-8"))
+        write_exclusive(target, lines.encode("utf-8"))  # whole or absent, even under a kill
     except FileExistsError as exc:
         raise SealError(f"{target} already exists; a sealed directory is never re-sealed") from exc
     return target
@@ -370,8 +370,7 @@ def sign_manifest(directory: Path, key: SigningKey) -> Path:
     }
     target = directory / SIGNATURE_NAME
     try:
-        with open(target, "xb") as fh:
-            fh.write(rfc8785.dumps(envelope) + b"\n")
+        write_exclusive(target, rfc8785.dumps(envelope) + b"\n")
     except FileExistsError as exc:
         raise SealError(f"{target} already exists; a sealed directory is never re-sealed") from exc
     return target
@@ -409,9 +408,18 @@ class SealResult(BaseModel):
     files: int
 
 
-def seal(directory: Path, key: SigningKey) -> SealResult:
-    """Manifest, signature, read-only — in that order, so the modes change last."""
-    manifest = write_manifest(directory)
+def seal(directory: Path, key: SigningKey, *, resume: bool = False) -> SealResult:
+    """Manifest, signature, read-only — in that order, so the modes change last.
+
+    `resume`: complete a seal that a kill cut short (the manifest, or the manifest and
+    the signature, already written: each is written whole or not at all); a directory
+    whose seal is complete is refused all the same."""
+    manifest = directory / MANIFEST_NAME
+    if resume and (directory / SIGNATURE_NAME).exists():
+        raise SealError(f"{directory / SIGNATURE_NAME} already exists; a sealed directory is "
+                        "never re-sealed")
+    if not (resume and manifest.exists()):
+        write_manifest(directory)
     sign_manifest(directory, key)
     make_read_only(directory)
     data = manifest.read_bytes()

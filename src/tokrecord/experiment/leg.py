@@ -84,6 +84,7 @@ from tokrecord.probes.telemetry import (
 )
 from tokrecord.server.process import (
     LEG_ENV,
+    RUN_DIR_ENV,
     CleanupReport,
     ServerProcess,
     free_port,
@@ -95,6 +96,8 @@ SCHEMA_SUMMARY = "tokrecord.leg-summary/v1"
 SCHEMA_ROWS = "tokrecord.leg-rows/v1"
 SCHEMA_CONFIG = "tokrecord.leg-config/v1"
 SCHEMA_GATES = "tokrecord.leg-gates/v1"
+# Every recorded time comes from this clock; config.json and the record name it.
+CLOCK_SOURCE = "time.perf_counter_ns (CLOCK_MONOTONIC)"
 
 
 class ServerSpec(BaseModel):
@@ -343,10 +346,12 @@ def run_leg(
     epoch_ns = time.perf_counter_ns()
     _write_inputs(run, config, argv, port, epoch_ns)
     events = run.jsonl(layout.EVENTS)
+    raw_fd = run.raw_fd(layout.RAW_READS)
     # The leg's name goes to the server as TOKRECORD_LEG: a wrapper script (or the fake
     # server's seeded leg jitter) may use it; nothing else is added to the arm's env.
     server = ServerProcess(argv, port=port, host=spec.host, log_path=run.file(layout.SERVER_LOG),
-                           env={**spec.env, LEG_ENV: config.name},
+                           env={**spec.env, LEG_ENV: config.name,
+                                RUN_DIR_ENV: str(run.path.resolve())},
                            stop_grace_s=spec.stop_grace_s)
     st = _LegState(t0=time.monotonic())
     started = False
@@ -379,7 +384,7 @@ def run_leg(
         with make_http(server.base_url, config.request_timeout_s) as http:
             try:
                 st.version = _engine_version(http, config.adapter)
-                _stream_suite(http, run, config, events, obs, epoch_ns, st)
+                _stream_suite(http, run, config, events, obs, epoch_ns, st, raw_fd)
             finally:
                 close_wire(http)  # the rows' own connection, before the server stops
         st.status = "complete"
@@ -393,26 +398,42 @@ def run_leg(
         st.error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
+        # Each step runs whatever the one before it did (a full disk can fail any
+        # write): the server is stopped and the sampler ended in every case. The first
+        # error of a leg that had none so far is raised after all of them.
+        late: list[BaseException] = []
+
+        def step(action: Callable[[], object]) -> None:
+            try:
+                action()
+            except Exception as exc:
+                late.append(exc)
+
         if started:
-            st.cleanup = server.stop()
-            obs.server_stopped(st.cleanup)
-            run.write_json(layout.CLEANUP, {**st.cleanup.model_dump(mode="json"),
-                                            "passed": st.cleanup.passed})
+            cleanup = st.cleanup = server.stop()
+            obs.server_stopped(cleanup)
+            step(lambda: run.write_json(layout.CLEANUP, {**cleanup.model_dump(mode="json"),
+                                                         "passed": cleanup.passed}))
         if sampler is not None:
             st.sampler_problem = sampler.stop()
         if started and st.status != "interrupted":
             # After an interrupt the user wants out, not a minute of sampling.
-            with contextlib.suppress(TokrecordError):
-                st.idle["after"] = _idle_gate(run, probe_set, config.idle, "after", obs)
+            def after() -> None:
+                with contextlib.suppress(TokrecordError):
+                    st.idle["after"] = _idle_gate(run, probe_set, config.idle, "after", obs)
+            step(after)
         probe_set.close()
         if st.idle["before"] is not None:
-            run.write_json(layout.IDLE, {
-                phase: r.model_dump(mode="json") if r else None for phase, r in st.idle.items()})
-        events.close()
+            step(lambda: run.write_json(layout.IDLE, {
+                phase: r.model_dump(mode="json") if r else None for phase, r in st.idle.items()}))
+        step(events.close)
+        os.close(raw_fd)
         if st.status != "complete":
             # The original error is what the user needs; a second one here must not hide it.
             with contextlib.suppress(Exception):
                 _write_results(run, config, st, teacher)
+        elif late:
+            raise late[0]
     return _write_results(run, config, st, teacher)
 
 
@@ -437,7 +458,7 @@ class _LegState:
 def _write_inputs(run: RunDir, config: LegConfig, argv: list[str], port: int,
                   epoch_ns: int) -> None:
     run.write_json(layout.CONFIG, {**_resolved_config(config, argv, port), "clock": {
-        "source": "time.perf_counter_ns (CLOCK_MONOTONIC)", "unit": "ns since epoch",
+        "source": CLOCK_SOURCE, "unit": "ns since epoch",
         "epoch_ns": str(epoch_ns)}})
     run.write_bytes(
         layout.SUITE, b"".join(canonical_json(r.model_dump()) + b"\n" for r in config.suite.rows)
@@ -445,7 +466,8 @@ def _write_inputs(run: RunDir, config: LegConfig, argv: list[str], port: int,
 
 
 def _stream_suite(http: httpx.Client, run: RunDir, config: LegConfig, events: JsonlWriter,
-                  obs: LegObserver, epoch_ns: int, st: _LegState) -> None:
+                  obs: LegObserver, epoch_ns: int, st: _LegState, raw_fd: int | None = None
+                  ) -> None:
     """The engine's counters before, every row of the suite once, the counters after."""
     spec, engine = config.server, config.adapter
     text = _scrape(http, spec.metrics_path)
@@ -459,7 +481,7 @@ def _stream_suite(http: httpx.Client, run: RunDir, config: LegConfig, events: Js
         trace = stream_row(
             http, row_index=i, row=row, body=body, endpoint=config.endpoint,
             sink=events, on_tokens=lambda n, t, i=i: obs.row_tokens(i, n, t),  # type: ignore[misc]
-            epoch_ns=epoch_ns, engine=engine,
+            epoch_ns=epoch_ns, engine=engine, raw_fd=raw_fd,
         )
         record = RowRecord(trace=trace, metrics=row_metrics(trace.t_send_ns, trace.chunks))
         st.records.append(record)

@@ -9,27 +9,45 @@ Layout of an experiment directory (append-only; nothing is rewritten):
     record.json                            the results, once every leg is complete (record.build)
 An interrupted leg keeps its attempt dir; it is run again from scratch as the next
 attempt on a fresh server, and the record lists every attempt.
+
+Crash safety: one run per experiment at a time (a lock beside the directory,
+`.<name>.lock`, released by the kernel whatever kills the holder); the
+preregistration is built in a hidden sibling and renamed into place, so a kill leaves
+either no experiment or a whole preregistration; a resume first stops any server a
+hard kill orphaned, decodes the raw reads of a killed attempt (experiment.recovery)
+and names every torn JSONL line in the state log.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import functools
 import hashlib
 import json
 import os
+import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
 
-from tokrecord.errors import ConfigError, TokrecordError
-from tokrecord.evidence import JsonlWriter, canonical_json, layout, read_jsonl
+from tokrecord.errors import ConfigError, EvidenceError, TokrecordError
+from tokrecord.evidence import (
+    WRITE_ERRNOS,
+    canonical_json,
+    evidence_error,
+    layout,
+    read_jsonl,
+    scan_jsonl,
+    write_exclusive,
+)
+from tokrecord.evidence.seal import SIGNATURE_NAME
 from tokrecord.experiment.components import check_components, copy_components
 from tokrecord.experiment.leg import (
     LegConfig,
@@ -42,12 +60,21 @@ from tokrecord.experiment.leg import (
 )
 from tokrecord.experiment.plan import ArmName, Plan, draft_paths
 from tokrecord.experiment.power import plan_noise, power_report
+from tokrecord.experiment.recovery import recover_attempt
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.identity import Identity, IdentitySpec, collect_identity, manifest_text
+from tokrecord.server.process import servers_of_run
 from tokrecord.suite import Suite, load_suite
 
 STATE = layout.STATE
 POWER_FILE = layout.POWER
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+class ExperimentBusyError(TokrecordError):
+    """Another `tokrecord run` holds the experiment: refused, never interleaved."""
+
+    exit_code = 75  # EX_TEMPFAIL: try again once the other run has ended
 
 
 class ExperimentObserver(LegObserver, Protocol):
@@ -89,24 +116,75 @@ def leg_config(plan: Plan, suite: Suite, name: str, arm_name: ArmName, attempt: 
 
 
 class _State:
-    """The append-only state log of an experiment."""
+    """The append-only state log of an experiment.
+
+    A line torn by a kill or a full disk is never rewritten: the next append first
+    ends it with a newline and then names it in a `torn_jsonl` event; readers skip it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.events: list[dict[str, Any]] = read_jsonl(path) if path.exists() else []
+        self.events: list[dict[str, Any]] = []
+        self._torn: list[int] = []
+        self._unterminated = False
+        if path.exists():
+            self.events, self._torn = scan_jsonl(path)
+            data = path.read_bytes()
+            self._unterminated = bool(data) and not data.endswith(b"\n")
+        self._named = {e.get("line") for e in self.events
+                       if e.get("event") == "torn_jsonl" and e.get("file") == STATE}
 
     def append(self, event: str, **fields: Any) -> None:
-        record = {"event": event, "utc": _utc(), "unix": time.time(), **fields}
-        writer = JsonlWriter(open(self.path, "ab"))  # noqa: SIM115 - closed below
-        try:
-            writer.write(record)
-        finally:
-            writer.close()
+        torn = [n for n in self._torn if n not in self._named]
+        if self._unterminated:
+            self._write_line(b"\n")
+            self._unterminated = False
+        for line in torn:
+            self._named.add(line)
+            self._write({"event": "torn_jsonl", "file": STATE, "line": line})
+        self._write({"event": event, **fields})
+
+    def _write(self, fields: dict[str, Any]) -> None:
+        # Wall time for people; the monotonic clock (and the boot it counts from) for
+        # durations, which a wall-clock jump must not move.
+        record = {**fields, "utc": _utc(), "unix": time.time(),
+                  "monotonic_ns": time.monotonic_ns(), "boot_id": _boot_id()}
+        self._write_line(canonical_json(record) + b"\n")
         self.events.append(record)
 
-    def last_stop_unix(self) -> float | None:
-        stops = [e["unix"] for e in self.events if e["event"] == "leg_end"]
-        return max(stops) if stops else None
+    def _write_line(self, data: bytes) -> None:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            raise _written(exc, self.path) from exc
+        try:
+            os.write(fd, data)  # one append: a line is never interleaved with another
+        except OSError as exc:
+            raise _written(exc, self.path) from exc
+        finally:
+            os.close(fd)
+
+    def last_stop(self) -> tuple[float, int | None, str | None] | None:
+        """(unix, monotonic_ns, boot_id) of the last leg's end, if any leg ended."""
+        stops = [e for e in self.events if e["event"] == "leg_end"]
+        if not stops:
+            return None
+        last = stops[-1]
+        return float(last["unix"]), last.get("monotonic_ns"), last.get("boot_id")
+
+
+def _boot_id() -> str | None:
+    try:
+        return BOOT_ID.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _written(exc: OSError, path: Path) -> TokrecordError | OSError:
+    if exc.errno in WRITE_ERRNOS:
+        if exc.filename is None:
+            exc.filename = str(path)
+        return evidence_error(exc)
+    return exc
 
 
 def _utc() -> str:
@@ -125,26 +203,92 @@ def _complete(leg_dir: Path) -> LegResult | None:
 
 
 def _stop_orphan(run_dir: Path) -> bool:
-    """A hard-killed run can leave its server running: stop that process group."""
-    info = run_dir / "server.json"
-    if not info.exists():
-        return False
-    recorded = json.loads(info.read_text())
-    pgid = int(recorded["pgid"])
+    """A hard-killed run can leave its server running: stop its process group. Found by
+    the pid in server.json or, when the kill came before that was written, by the run
+    directory in the server's environment (RUN_DIR_ENV)."""
+    groups: set[int] = set()
+    for proc in servers_of_run(run_dir):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            groups.add(os.getpgid(proc.pid))
+    info = run_dir / layout.SERVER_INFO
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        recorded = json.loads(info.read_text())
+        pgid = int(recorded["pgid"])
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pgid)
+            # A reused pid belongs to some other process: never kill that one. A zombie
+            # is already dead (its parent has yet to reap it).
+            if abs(proc.create_time() - float(recorded.get("create_time", -1))) <= 1.0 and \
+                    proc.status() != psutil.STATUS_ZOMBIE:
+                groups.add(pgid)
+    for pgid in sorted(groups):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pgid).wait(timeout=10)
+    return bool(groups)
+
+
+def _sweep_orphans(exp_dir: Path) -> set[tuple[str, int]]:
+    """Before anything is written (a read-only or full directory must not keep a server
+    alive): stop every server of an attempt that has no result."""
+    stopped: set[tuple[str, int]] = set()
+    if not exp_dir.is_dir():
+        return stopped
+    for leg_dir in layout.leg_dirs(exp_dir):
+        for run_dir in layout.attempts(leg_dir):
+            if layout.summary_status(run_dir) is None and _stop_orphan(run_dir):
+                stopped.add((leg_dir.name, layout.attempt_number(run_dir) or 0))
+    return stopped
+
+
+def lock_path(exp_dir: Path) -> Path:
+    """`.<name>.lock` beside the experiment: outside the evidence, which it must not change."""
+    resolved = exp_dir.resolve()
+    return resolved.with_name(f".{resolved.name}.lock")
+
+
+_HELD: dict[Path, int] = {}
+
+
+@contextlib.contextmanager
+def experiment_lock(exp_dir: Path) -> Iterator[None]:
+    """Hold the experiment for this process: a second `tokrecord run` of it (same plan,
+    any spelling of the directory) is refused while this one runs. flock(2): the kernel
+    releases it whatever ends the holder, SIGKILL included, so a lock is never stale.
+    Re-entrant within a process (the CLI holds it across run, record and seal)."""
+    path = lock_path(exp_dir)
+    if path in _HELD:
+        yield
+        return
     try:
-        proc = psutil.Process(pgid)
-        created, status = proc.create_time(), proc.status()
-    except psutil.Error:
-        return False
-    # A reused pid belongs to some other process: never kill that one. A zombie is
-    # already dead (its parent has yet to reap it).
-    if abs(created - float(recorded.get("create_time", -1))) > 1.0 or status == psutil.STATUS_ZOMBIE:
-        return False
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-    with contextlib.suppress(psutil.Error):
-        proc.wait(timeout=10)
-    return True
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        # flock needs no write access: an existing lock on a read-only file system still
+        # locks (and the run then fails on its first write, with the right message).
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            raise _written(exc, path) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ExperimentBusyError(
+            f"experiment {exp_dir} is already being run (pid {holder}, lock {path}): a second "
+            "run of the same plan is refused, never interleaved. Wait for it to end; if it "
+            "was stopped, run the same command to resume") from None
+    with contextlib.suppress(OSError):  # the holder's pid, for the message above
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD[path] = fd
+    try:
+        yield
+    finally:
+        del _HELD[path]
+        os.close(fd)
 
 
 def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
@@ -159,44 +303,66 @@ def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
                 "new plan a new name or --out"
             )
         state = _State(state_path)
-        if any(e["event"] == "complete" for e in state.events) or (exp_dir / layout.RECORD).exists():
+        completed = any(e["event"] == "complete" for e in state.events)
+        if (exp_dir / SIGNATURE_NAME).exists() or (
+                completed and not (exp_dir / layout.RECORD).exists()):
             raise ConfigError(
                 f"experiment {exp_dir} is complete; a preregistered plan is run once "
                 "(no fifth leg, no re-run): see its record.json"
             )
-        state.append("resumed", plan_sha256=plan.sha256)
+        # A record without its seal: a kill came while finishing. The legs are all kept,
+        # and finishing resumes (record.build.finish); nothing is added to a directory
+        # whose manifest is already written, or after its `complete`.
+        if not completed and not (exp_dir / "manifest.sha256").exists():
+            state.append("resumed", plan_sha256=plan.sha256)
         return state
     if exp_dir.exists() and any(exp_dir.iterdir()):
         raise ConfigError(f"{exp_dir} exists and is not an experiment directory")
     check_components(plan.components)  # a bad trace or pattern fails before anything is written
-    exp_dir.mkdir(parents=True, exist_ok=True)
-    with open(exp_dir / layout.PLAN, "xb") as fh:
-        fh.write(plan.canonical() + b"\n")
-    with open(exp_dir / layout.PLAN_HASH, "x", encoding="utf-8") as fh:
-        fh.write(f"{plan.sha256}  plan.json\n")
+    try:
+        exp_dir.parent.mkdir(parents=True, exist_ok=True)
+        # Built aside and renamed into place: a kill at any instant leaves no experiment
+        # or a whole preregistration, never half of one that no resume could accept.
+        for stale in exp_dir.parent.glob(f".{exp_dir.name}.preregistering-*"):
+            shutil.rmtree(stale, ignore_errors=True)  # a killed run's; the lock is ours
+        staging = Path(tempfile.mkdtemp(prefix=f".{exp_dir.name}.preregistering-",
+                                        dir=exp_dir.parent))
+        try:
+            _preregister_into(plan, staging, exp_dir, plan_text)
+            if exp_dir.exists():
+                exp_dir.rmdir()  # empty (checked above)
+            os.rename(staging, exp_dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # a SIGKILL leaves it: see above
+            raise
+    except OSError as exc:
+        raise _written(exc, exp_dir) from exc
+    return _State(state_path)
+
+
+def _preregister_into(plan: Plan, out: Path, exp_dir: Path, plan_text: bytes | None) -> None:
+    write_exclusive(out / layout.PLAN, plan.canonical() + b"\n")
+    write_exclusive(out / layout.PLAN_HASH, f"{plan.sha256}  plan.json\n".encode())
     if plan_text is not None:
-        with open(exp_dir / layout.PLAN_TOML, "xb") as fh:
-            fh.write(plan_text)
-    state = _State(state_path)
+        write_exclusive(out / layout.PLAN_TOML, plan_text)
+    state = _State(out / STATE)
     state.append("preregistered", plan_sha256=plan.sha256, name=plan.name,
                  design=plan.design.value, legs=[n for n, _ in plan.legs])
     if plan.min_effect_pct is not None:
+        # Named by its final place: the record keeps this string.
         report = power_report(plan, plan_noise(plan, str(exp_dir / layout.PLAN)),
                               len(plan_suite(plan).rows))
-        with open(exp_dir / POWER_FILE, "xb") as fh:
-            fh.write(canonical_json(report.model_dump(mode="json")) + b"\n")
+        write_exclusive(out / POWER_FILE, canonical_json(report.model_dump(mode="json")) + b"\n")
         state.append("power_computed", path=POWER_FILE, min_effect_pct=plan.min_effect_pct,
                      power=report.min_effect_power, blocks=plan.blocks)
-    identity = collect_identity(_identity_spec(plan), exp_dir / layout.IDENTITY_DIR,
+    identity = collect_identity(_identity_spec(plan), out / layout.IDENTITY_DIR,
                                 engine_python(plan), draft_paths(plan))
-    with open(exp_dir / layout.IDENTITY, "xb") as fh:
-        fh.write(_identity_bytes(identity))
+    write_exclusive(out / layout.IDENTITY, _identity_bytes(identity))
     state.append("identity_collected", path="identity.json")
-    written = write_portable_manifests(identity, exp_dir)
+    written = write_portable_manifests(identity, out)
     state.append("portable_manifests_written", paths=written)
     if plan.components:
-        state.append("components_copied", paths=copy_components(plan.components, exp_dir))
-    return state
+        state.append("components_copied", paths=copy_components(plan.components, out))
 
 
 def write_portable_manifests(identity: Identity, exp_dir: Path) -> list[str]:
@@ -207,11 +373,11 @@ def write_portable_manifests(identity: Identity, exp_dir: Path) -> list[str]:
     if identity.model is not None:
         path = exp_dir / layout.MODEL_MANIFEST
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(manifest_text(identity.model.files), encoding="utf-8")
+        write_exclusive(path, manifest_text(identity.model.files).encode("utf-8"))
         written.append(layout.MODEL_MANIFEST)
     path = exp_dir / layout.RUNTIME_LOCK
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(canonical_json(identity.runtime_locks) + b"\n")
+    write_exclusive(path, canonical_json(identity.runtime_locks) + b"\n")
     written.append(layout.RUNTIME_LOCK)
     return written
 
@@ -259,6 +425,7 @@ def _run_attempts(
     total: int,
     before_run: Callable[[], None] = lambda: None,
     identity: Callable[[], dict[str, Any]] | None = None,
+    stopped: set[tuple[str, int]] | None = None,
 ) -> LegResult:
     """Keep a complete attempt; else mark earlier ones interrupted, wait `before_run`
     (the idle gap, measured after any orphaned server is stopped) and run a fresh one."""
@@ -267,7 +434,7 @@ def _run_attempts(
     if done is not None:
         observer.leg_kept(name, done)
         return done
-    _reconcile(state, leg_dir)
+    _reconcile(state, leg_dir, stopped)
     before_run()
     attempt = len(layout.attempts(leg_dir)) + 1
     run_dir = layout.attempt_dir(leg_dir, attempt)
@@ -286,31 +453,61 @@ def _run_attempts(
         state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
                      status="failed", valid=False, error=str(exc))
         raise
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        if exc.filename is None:  # a write to an open file: name the attempt it was in
+            exc.filename = str(run_dir)
+        error = evidence_error(exc)
+        with contextlib.suppress(EvidenceError):  # the log may be on the same full disk
+            state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
+                         status="failed", valid=False, error=str(error))
+        raise error from exc
     state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
                  status=result.status, valid=result.valid, headline=result.summary.tok_s_out)
     return result
 
 
-def _reconcile(state: _State, leg_dir: Path) -> None:
-    """Before anything else runs: stop a server a hard kill left behind, and write the
-    end event the killed run never wrote, so the log and the idle gap see it."""
+def _reconcile(state: _State, leg_dir: Path, stopped: set[tuple[str, int]] | None = None
+               ) -> None:
+    """Before anything else runs: stop a server a hard kill left behind, write the end
+    event the killed run never wrote (so the log and the idle gap see it), decode what
+    its raw log kept, and name every torn JSONL line of the attempt."""
     name = leg_dir.name
+    exp_dir = leg_dir.parent
     for run_dir in layout.attempts(leg_dir):
-        if layout.summary_status(run_dir) == "complete":
+        status = layout.summary_status(run_dir)
+        if status == "complete":
             continue
         attempt = layout.attempt_number(run_dir)
         # Matched by (leg, attempt): the same directory may be spelled differently on resume.
         recorded = any(e["event"] == "leg_end" and e.get("leg") == name
                        and e.get("attempt") == attempt for e in state.events)
-        if _stop_orphan(run_dir):
+        if _stop_orphan(run_dir) or (name, attempt or 0) in (stopped or set()):
             state.append("orphan_server_stopped", leg=name, attempt=attempt)
         if not recorded:
             state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
                          status="interrupted", valid=False, error="no result: the run was killed")
+        if status is None and not (run_dir / layout.RECOVERY).exists():
+            found = recover_attempt(run_dir)
+            if found is not None:
+                state.append("raw_recovered", leg=name, attempt=attempt, **found)
+        _name_torn(state, exp_dir, run_dir)
+
+
+def _name_torn(state: _State, exp_dir: Path, run_dir: Path) -> None:
+    """A `torn_jsonl` event for each torn line of the attempt's JSONL files, once."""
+    named = {(e.get("file"), e.get("line")) for e in state.events if e["event"] == "torn_jsonl"}
+    for path in sorted(run_dir.glob("*.jsonl")):
+        rel = path.relative_to(exp_dir).as_posix()
+        for line in scan_jsonl(path)[1]:
+            if (rel, line) not in named:
+                state.append("torn_jsonl", file=rel, line=line)
 
 
 def _teacher(plan: Plan, exp_dir: Path, suite: Suite, state: _State,
-             observer: ExperimentObserver) -> Teacher | None:
+             observer: ExperimentObserver, stopped: set[tuple[str, int]] | None = None
+             ) -> Teacher | None:
     if plan.teacher is None:
         return None
     if plan.teacher != "capture":
@@ -326,7 +523,7 @@ def _teacher(plan: Plan, exp_dir: Path, suite: Suite, state: _State,
     result = _run_attempts(
         state, exp_dir / layout.TEACHER_LEG,
         lambda k: leg_config(plan, suite, "teacher", arm, k).model_copy(update={"name": "teacher"}),
-        observer, None, 0, len(plan.legs),
+        observer, None, 0, len(plan.legs), stopped=stopped,
     )
     teacher = teacher_from_run(Path(result.run_dir), leg_config(plan, suite, "teacher", arm, 1),
                                None)
@@ -343,34 +540,53 @@ def run_experiment(
     plan_text: bytes | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, LegResult]:
-    """Run (or resume) every leg of the plan; returns the complete legs by name."""
+    """Run (or resume) every leg of the plan; returns the complete legs by name. Holds
+    the experiment's lock throughout (experiment_lock)."""
     obs: ExperimentObserver = observer or NullExperimentObserver()
     suite = plan_suite(plan)
-    state = preregister(plan, exp_dir, plan_text)
-    teacher = _teacher(plan, exp_dir, suite, state, obs)
-    results: dict[str, LegResult] = {}
-    total = len(plan.legs)
-    for index, (name, arm) in enumerate(plan.legs, start=1):
-        results[name] = _run_attempts(
-            state, exp_dir / name, functools.partial(leg_config, plan, suite, name, arm),
-            obs, teacher, index, total,
-            before_run=functools.partial(_honour_idle_gap, plan, state, name, obs, sleep),
-            identity=functools.partial(check_identity, plan, exp_dir),
-        )
+    with experiment_lock(exp_dir):
+        stopped = _sweep_orphans(exp_dir)
+        state = preregister(plan, exp_dir, plan_text)
+        teacher = _teacher(plan, exp_dir, suite, state, obs, stopped)
+        results: dict[str, LegResult] = {}
+        total = len(plan.legs)
+        for index, (name, arm) in enumerate(plan.legs, start=1):
+            results[name] = _run_attempts(
+                state, exp_dir / name, functools.partial(leg_config, plan, suite, name, arm),
+                obs, teacher, index, total,
+                before_run=functools.partial(_honour_idle_gap, plan, state, name, obs, sleep),
+                identity=functools.partial(check_identity, plan, exp_dir), stopped=stopped,
+            )
     return results
+
+
+def _since(last: tuple[float, int | None, str | None]) -> float:
+    """Seconds since a logged instant: on the monotonic clock when the instant was taken
+    in this boot (a wall-clock jump moves neither end), else on the wall clock."""
+    unix, mono_ns, boot = last
+    if mono_ns is not None and boot is not None and boot == _boot_id():
+        return (time.monotonic_ns() - int(mono_ns)) / 1e9
+    return time.time() - unix
 
 
 def _honour_idle_gap(plan: Plan, state: _State, before: str, obs: ExperimentObserver,
                      sleep: Callable[[float], None]) -> None:
     """Wait until the declared gap since the previous server stopped; record the real gap."""
-    last = state.last_stop_unix()
+    last = state.last_stop()
     if last is None or plan.idle_gap_s <= 0:
         return
-    wait = plan.idle_gap_s - (time.time() - last)
+    wait = plan.idle_gap_s - _since(last)
     if wait > 0:
         obs.idle_wait(before, wait)
         sleep(wait)
-    state.append("idle_gap", before=before, seconds=time.time() - last, minimum=plan.idle_gap_s)
+    state.append("idle_gap", before=before, seconds=_since(last), minimum=plan.idle_gap_s,
+                 clock="monotonic" if last[2] == _boot_id() and last[1] is not None
+                 else "wall")
+
+
+def completed(exp_dir: Path) -> bool:
+    """Whether the state log has its `complete` event."""
+    return any(e["event"] == "complete" for e in _State(exp_dir / STATE).events)
 
 
 def mark_complete(exp_dir: Path, record_path: Path) -> None:
@@ -382,14 +598,14 @@ def attempts_log(exp_dir: Path) -> list[dict[str, Any]]:
     """Every leg attempt with its outcome, from the state log."""
     return [
         {k: e.get(k) for k in ("leg", "attempt", "status", "valid", "error", "run_dir")}
-        for e in read_jsonl(exp_dir / STATE) if e["event"] == "leg_end"
+        for e in read_jsonl(exp_dir / STATE, skip_torn=True) if e["event"] == "leg_end"
     ]
 
 
 def leg_identities(exp_dir: Path) -> dict[str, dict[str, Any]]:
     """Per leg, the identity check of its last attempt (the one a record counts)."""
     out: dict[str, dict[str, Any]] = {}
-    for e in read_jsonl(exp_dir / STATE):
+    for e in read_jsonl(exp_dir / STATE, skip_torn=True):
         if e["event"] == "leg_identity":
             out[e["leg"]] = {k: e[k] for k in ("identity_sha256", "matches_preregistered",
                                                "changed")}
@@ -398,4 +614,4 @@ def leg_identities(exp_dir: Path) -> dict[str, dict[str, Any]]:
 
 def idle_gaps(exp_dir: Path) -> dict[str, float]:
     return {e["before"]: round(float(e["seconds"]), 3)
-            for e in read_jsonl(exp_dir / STATE) if e["event"] == "idle_gap"}
+            for e in read_jsonl(exp_dir / STATE, skip_torn=True) if e["event"] == "idle_gap"}

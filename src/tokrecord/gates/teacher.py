@@ -14,7 +14,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tokrecord.errors import ConfigError
-from tokrecord.evidence import canonical_json
+from tokrecord.evidence import canonical_json, write_exclusive
 
 SCHEMA_TEACHER: Final = "tokrecord.teacher/v1"
 
@@ -56,8 +56,8 @@ class Teacher(BaseModel):
 
 def write_teacher(path: Path, teacher: Teacher) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "xb") as fh:  # a teacher, once written, is never replaced
-        fh.write(canonical_json(teacher.to_json()) + b"\n")
+    # A teacher, once written, is never replaced; and never half written (a kill).
+    write_exclusive(path, canonical_json(teacher.to_json()) + b"\n")
     return path
 
 

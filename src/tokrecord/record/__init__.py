@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout
-from tokrecord.experiment.leg import LegResult, RowRecord
+from tokrecord.experiment.leg import CLOCK_SOURCE, LegResult, RowRecord
 from tokrecord.experiment.plan import Design, Plan, abba_pairs, speculative_configs
 from tokrecord.experiment.stats import (
     AnalysisLeg,
@@ -468,6 +468,7 @@ def accounting(plan: Plan, headline: LegResult) -> dict[str, Any]:
         "legacy_inclusive_events_value_tok_s": s.tok_s_out_legacy,
         "chunk_aware_value_tok_s": s.tok_s_out_chunk_aware,
         "quantisation_bound_pct": s.quantisation_bound_pct_max,
+        "clock": CLOCK_SOURCE,
         "qualification": "" if head == "conventional" else (
             f"published in the {head} convention; the conventional 99-interval value is "
             f"{s.tok_s_out_conventional} tok/s"),
@@ -521,6 +522,7 @@ def single_leg_record(
             "legacy_inclusive_events_value_tok_s": s.tok_s_out_legacy,
             "chunk_aware_value_tok_s": s.tok_s_out_chunk_aware,
             "quantisation_bound_pct": s.quantisation_bound_pct_max,
+            "clock": CLOCK_SOURCE,
             "conventional_goal_tok_s": prior.goal_tok_s,
             "conventional_margin_to_goal_tok_s": (conv - prior.goal_tok_s
                                                   if conv is not None and prior.goal_tok_s

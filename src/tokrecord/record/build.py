@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from tokrecord.errors import ConfigError
-from tokrecord.evidence import canonical_json, layout
-from tokrecord.evidence.seal import SigningKey, load_or_create_key, seal
+from tokrecord.evidence import canonical_json, layout, write_exclusive
+from tokrecord.evidence.seal import MANIFEST_NAME, SigningKey, load_or_create_key, seal
 from tokrecord.experiment.components import sealed_component_evidence
 from tokrecord.experiment.leg import LegResult, RowRecord, load_rows, outcomes
 from tokrecord.experiment.plan import Design, Plan
 from tokrecord.experiment.prior_check import prior_record_fields
 from tokrecord.experiment.runner import (
     attempts_log,
+    completed,
     idle_gaps,
     leg_config,
     leg_identities,
@@ -97,20 +98,32 @@ def _write_documents(exp_dir: Path, record: Mapping[str, Any]) -> None:
     if document_hashes(docs) != stated:
         raise ConfigError("the exactness documents do not hash to what the record states")
     for name, data in docs.items():
-        with open(exp_dir / name, "xb") as fh:
-            fh.write(data)
+        path = exp_dir / name
+        # Written by a finish that a kill cut short: the same bytes, or an error.
+        if path.exists():
+            if path.read_bytes() != data:
+                raise ConfigError(f"{path} exists and differs from the recomputed document")
+            continue
+        write_exclusive(path, data)
 
 
 def finish(exp_dir: Path, record: dict[str, Any], key: SigningKey | None = None) -> Path:
     """Write record.json and its exactness documents, close the experiment and seal it
-    (manifest, signature, read-only): no leg can run, and nothing can change, after this."""
-    validate_record(record)  # a record that breaks tokrecord.record/v1 is never sealed
-    _write_documents(exp_dir, record)
+    (manifest, signature, read-only): no leg can run, and nothing can change, after this.
+
+    Resumable: a finish that a kill cut short is completed by the next one. A record
+    already written is the record (it is never rebuilt or replaced); each later step is
+    done only if it was not, and nothing is added once the manifest exists."""
     path = exp_dir / layout.RECORD
-    with open(path, "xb") as fh:
-        fh.write(canonical_json(record) + b"\n")
-    mark_complete(exp_dir, path)
-    seal(exp_dir, key or load_or_create_key())
+    if not path.exists():
+        validate_record(record)  # a record that breaks tokrecord.record/v1 is never sealed
+        _write_documents(exp_dir, record)
+        write_exclusive(path, canonical_json(record) + b"\n")
+    elif not (exp_dir / MANIFEST_NAME).exists():
+        _write_documents(exp_dir, json.loads(path.read_text(encoding="utf-8")))
+    if not (exp_dir / MANIFEST_NAME).exists() and not completed(exp_dir):
+        mark_complete(exp_dir, path)
+    seal(exp_dir, key or load_or_create_key(), resume=True)
     return path
 
 

@@ -337,6 +337,8 @@ class Accounting(_Section):
     legacy_inclusive_events_value_tok_s: float | None
     chunk_aware_value_tok_s: float | None
     quantisation_bound_pct: float | None
+    # The clock every token stamp was read from (a wall-clock jump cannot move it).
+    clock: str | None = None
 
 
 class HeadlineAccounting(Accounting):
@@ -457,6 +459,8 @@ ADDED_WITH_EVIDENCE: Final = frozenset({
     "portable_model_manifest_sha256", "runtime_lock", "runtime_lock_sha256", "treatment",
     "record_blockers", "source_identity_passed", "model", "unchanged_record_stack",
     "prefix_history_response_reuse", "bundle", "patch", "prior_recheck"})
+# Added with crash safety (bench.chaos): the stamps' clock, named in the accounting.
+ADDED_WITH_CRASH_SAFETY: Final = frozenset({"clock"})
 
 
 class PriorRecheck(_Section):
@@ -683,7 +687,7 @@ def validate_record(obj: Mapping[str, Any], *, source: str = "record",
         raise ConfigError(_describe(source, obj, exc.errors())) from exc
     # The ABBA v1 form is only ever recomputed, never written anew: it has none of the
     # keys added with the engines.
-    added = ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE
+    added = ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_WITH_CRASH_SAFETY
     later = added if isinstance(record, ExperimentRecord) else frozenset()
     if sealed_before_probes_ok:  # a reader's view of evidence sealed by an older tokrecord
         later = added | (ADDED_LATER if isinstance(record, _V1_MODELS) else later)

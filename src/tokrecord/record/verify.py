@@ -19,7 +19,7 @@ from typing import Any
 
 from tokrecord.client.stream import replay_row
 from tokrecord.errors import TokrecordError
-from tokrecord.evidence import layout, read_jsonl
+from tokrecord.evidence import TornLineError, layout, read_jsonl, scan_jsonl
 from tokrecord.evidence.seal import (
     ADDENDA_SUFFIX,
     ADDENDUM_FILE_NAME,
@@ -43,7 +43,12 @@ from tokrecord.metrics.logfacts import extract_log_facts
 from tokrecord.probes.idle import IdleResult
 from tokrecord.probes.telemetry import read_samples
 from tokrecord.record.build import build_record
-from tokrecord.record.schema import ADDED_LATER, ADDED_WITH_ENGINES, ADDED_WITH_EVIDENCE
+from tokrecord.record.schema import (
+    ADDED_LATER,
+    ADDED_WITH_CRASH_SAFETY,
+    ADDED_WITH_ENGINES,
+    ADDED_WITH_EVIDENCE,
+)
 from tokrecord.server.process import CleanupReport
 from tokrecord.suite import Suite, parse_suite
 
@@ -54,7 +59,7 @@ _VOLATILE = frozenset({"run_dir", "root", "date", "seal", "portable_sealed_evide
 # earlier tokrecord has none of them and must still verify: when the recorded
 # file lacks one, it is not a difference.
 # The record's keys are schema.ADDED_LATER; a leg summary's idle gates came with them.
-_ADDED_LATER = (ADDED_LATER | ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE
+_ADDED_LATER = (ADDED_LATER | ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_WITH_CRASH_SAFETY
                 | {"idle_before", "idle_after", "exactness", "model_release_manifest"})
 
 
@@ -134,7 +139,7 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
         return problems, None
     try:
         events = read_jsonl(run_dir / layout.EVENTS)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TornLineError) as exc:
         problems.append(Problem(file=_rel(run_dir / layout.EVENTS, base), field="(file)",
                                 message=f"cannot parse the raw events: {exc}"))
         return problems, None
@@ -291,6 +296,26 @@ def _verify_addendum(directory: Path) -> list[Problem]:
     return problems
 
 
+def _torn_problems(exp_dir: Path) -> list[Problem]:
+    """A torn JSONL line (a write cut by a kill or a full disk) must be named in the state
+    log (`torn_jsonl`, written when the experiment resumed): a cut is evidence too, but
+    never an unexplained one."""
+    state = exp_dir / layout.STATE
+    if not state.exists():
+        return []
+    named = {(e.get("file"), e.get("line")) for e in scan_jsonl(state)[0]
+             if e.get("event") == "torn_jsonl"}
+    problems = []
+    for path in sorted(exp_dir.rglob("*.jsonl")):
+        rel = path.relative_to(exp_dir).as_posix()
+        for line in scan_jsonl(path)[1]:
+            if (rel, line) not in named:
+                problems.append(Problem(file=rel, field=f"line {line}",
+                                        message="torn (not a whole JSON line) and not named in "
+                                        "experiment.jsonl"))
+    return problems
+
+
 def _verify_experiment(exp_dir: Path) -> list[Problem]:
     problems: list[Problem] = []
     plan_raw = _load_json(exp_dir / layout.PLAN, exp_dir, problems)
@@ -302,6 +327,7 @@ def _verify_experiment(exp_dir: Path) -> list[Problem]:
     if registered != plan.sha256:
         problems.append(Problem(file=layout.PLAN_HASH, field="sha256",
                                 message=f"preregistered {registered}, plan.json hashes to {plan.sha256}"))
+    problems.extend(_torn_problems(exp_dir))
     results: dict[str, LegResult] = {}
     for name, run_dir in _leg_dirs(exp_dir).items():
         leg_problems, result = verify_leg(run_dir, exp_dir)

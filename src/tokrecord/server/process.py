@@ -31,6 +31,9 @@ LOG_TAIL_LINES = 40
 
 # Set by tokrecord in the environment of every server it starts: the leg being run.
 LEG_ENV = "TOKRECORD_LEG"
+# And its run directory: a resume finds a server that a hard kill orphaned by this, even
+# when the kill came before the server's pid could be written down.
+RUN_DIR_ENV = "TOKRECORD_RUN_DIR"
 
 
 class CleanupReport(BaseModel):
@@ -114,6 +117,17 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return "(no server log)"
     tail = text.splitlines()[-lines:]
     return "\n".join("    " + line for line in tail) if tail else "    (server log is empty)"
+
+
+def servers_of_run(run_dir: Path) -> list[psutil.Process]:
+    """Live processes whose environment names `run_dir` as theirs (RUN_DIR_ENV)."""
+    want = str(run_dir.resolve())
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(RUN_DIR_ENV) == want and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+    return found
 
 
 def _descendants(pid: int) -> set[int]:
