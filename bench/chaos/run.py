@@ -9,7 +9,8 @@ instant, to the harness, to the server's process group or to both; the experimen
 is resumed with the same command until it completes. After each completion:
 
   verify       the final record passes `tokrecord verify`
-  resumed      the experiment reached a record at all (no resume was refused)
+  resumed      the experiment reached a record at all (no resume was refused, but as
+               complete once sealed: a kill that lands while a sealed run exits)
   attempts     every attempt on disk is in the record once, none is missing or doubled
   parse        every JSON file parses; every JSONL line parses, or a torn line is
                named by a `torn_jsonl` event in the state log
@@ -476,6 +477,7 @@ class Campaign:
     examples: dict[str, list[str]] = field(default_factory=dict)
     raw: RawTally = field(default_factory=RawTally)
     seconds: float = 0.0
+    after_seal: int = 0  # experiments whose last kill came after their seal
 
     @property
     def total_kills(self) -> int:
@@ -487,6 +489,17 @@ class Campaign:
             self.examples.setdefault(check, [])
             if len(self.examples[check]) < 4:
                 self.examples[check].append(f"{exp}: {'; '.join(problems[:3])}")
+
+
+COMPLETE_REFUSAL = "is complete; a preregistered plan is run once"
+
+
+def sealed_before(last: Outcome, exp: Path) -> bool:
+    """The kill landed after the experiment was sealed (while the process was exiting):
+    the same command then answers that the experiment is complete, which is right. It
+    counts as completed, and the checks below still run on it (verify first)."""
+    return (last.target is None and last.rc != 0 and COMPLETE_REFUSAL in last.stderr_tail
+            and (exp / "manifest.sig.json").exists())
 
 
 def legs_done(exp: Path) -> int:
@@ -529,11 +542,15 @@ def one_experiment(bench: Bench, camp: Campaign, index: int, budget: int, t_full
             continue
         if last.rc == 0:
             break
+        if sealed_before(last, exp):
+            camp.after_seal += 1
+            break
         refused += 1  # not killed, and it failed: a server kill's failed leg, or stuck
         if refused > 3:
             break
     seconds = time.monotonic() - t0
-    completed = last is not None and last.rc == 0 and (exp / "record.json").exists()
+    completed = last is not None and (last.rc == 0 or sealed_before(last, exp)) and (
+        exp / "record.json").exists()
     camp.fail("resumed", [] if completed else [f"exit {last.rc if last else '?'}: "
                                                f"{(last.stderr_tail if last else '')[-300:]}"], name)
     if completed:
@@ -805,7 +822,8 @@ def second_run(bench: Bench) -> dict[str, Any]:
 
 def print_campaign(camp: Campaign) -> None:
     table = Table(title=f"{camp.total_kills} kills ({', '.join(f'{k} {v}' for k, v in camp.kills.items())}), "
-                  f"{camp.experiments} experiments, {camp.completed} completed, "
+                  f"{camp.experiments} experiments, {camp.completed} completed "
+                  f"({camp.after_seal} killed after their seal), "
                   f"{camp.invocations} invocations, {camp.seconds:.0f} s",
                   title_justify="left", box=None, padding=(0, 1))
     table.add_column("check")
@@ -839,8 +857,8 @@ def summed(paths: Sequence[Path]) -> int:
     for path in paths:
         data = json.loads(path.read_text())
         camp = data["campaign"]
-        for key in ("experiments", "completed", "invocations", "seconds"):
-            total[key] = total.get(key, 0) + camp[key]
+        for key in ("experiments", "completed", "invocations", "seconds", "after_seal"):
+            total[key] = total.get(key, 0) + camp.get(key, 0)
         for section in ("kills", "failures", "raw"):
             for k, v in camp[section].items():
                 if isinstance(v, int):
@@ -909,6 +927,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["campaign"] = {"kills": camp.kills, "total_kills": camp.total_kills,
                            "experiments": camp.experiments, "completed": camp.completed,
                            "invocations": camp.invocations, "failures": camp.failures,
+                           "after_seal": camp.after_seal,
                            "examples": camp.examples, "raw": vars(camp.raw),
                            "seconds": round(camp.seconds, 1)}
     others: list[Callable[[], dict[str, Any]]] = []
