@@ -246,7 +246,10 @@ def append_only_violations(directory: Path, snaps: list[dict[str, tuple[int, str
 
 
 def jsonl_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
-    """Parsed lines, and the 1-based numbers of the lines that do not parse (torn)."""
+    """Parsed lines, and the 1-based numbers of the lines that do not parse (torn).
+
+    The bench's own reading, not tokrecord's `evidence.scan_jsonl`: the check must not
+    rely on the code whose files it checks."""
     records, torn = [], []
     data = path.read_bytes()
     lines = data.split(b"\n")
