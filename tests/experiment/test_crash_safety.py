@@ -324,3 +324,24 @@ def test_the_idle_gap_is_measured_on_the_monotonic_clock(monkeypatch: pytest.Mon
     assert 2.0 <= runner._since(last) < 3.0
     # Another boot: the monotonic clock is not comparable, the wall clock is all there is.
     assert runner._since((real() - 5.0, now_mono, "another-boot")) == pytest.approx(-3595, abs=1)
+
+
+def test_a_kill_after_the_summary_gets_its_leg_end_on_resume(tmp_path: Path) -> None:
+    # Found by bench/chaos: a kill between a leg's summary.json and its `leg_end` left
+    # a complete attempt that the state log, and so the record's attempts, never listed.
+    from types import SimpleNamespace
+
+    from tokrecord.experiment.leg import LegResult
+
+    run_dir = tmp_path / "B1" / "attempt-1"
+    state = runner._State(tmp_path / runner.STATE)
+    state.append("leg_start", leg="B1", arm="candidate", attempt=1, run_dir=str(run_dir))
+    done = LegResult.model_construct(run_dir=str(run_dir), status="complete", valid=True,
+                                     summary=SimpleNamespace(tok_s_out=2100.5))
+    runner._record_kept_end(state, "B1", done)
+    runner._record_kept_end(state, "B1", done)  # once only, whatever the resumes
+    assert runner.attempts_log(tmp_path) == [
+        {"leg": "B1", "attempt": 1, "status": "complete", "valid": True, "error": None,
+         "run_dir": str(run_dir)}]
+    (end,) = [e for e in runner._State(tmp_path / runner.STATE).events if e["event"] == "leg_end"]
+    assert end["written_on_resume"] is True and end["headline"] == 2100.5

@@ -432,6 +432,7 @@ def _run_attempts(
     name = leg_dir.name
     done = _complete(leg_dir)
     if done is not None:
+        _record_kept_end(state, name, done)
         observer.leg_kept(name, done)
         return done
     _reconcile(state, leg_dir, stopped)
@@ -466,6 +467,19 @@ def _run_attempts(
     state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
                  status=result.status, valid=result.valid, headline=result.summary.tok_s_out)
     return result
+
+
+def _record_kept_end(state: _State, name: str, done: LegResult) -> None:
+    """A kill between a leg's summary and its `leg_end` leaves a complete attempt the
+    log never closed: write that end now, from the summary, so that the attempt is
+    listed like every other (the record's attempts come from the log)."""
+    attempt = layout.attempt_number(Path(done.run_dir))
+    if any(e["event"] == "leg_end" and e.get("leg") == name and e.get("attempt") == attempt
+           for e in state.events):
+        return
+    state.append("leg_end", leg=name, attempt=attempt, run_dir=done.run_dir,
+                 status=done.status, valid=done.valid, headline=done.summary.tok_s_out,
+                 written_on_resume=True)
 
 
 def _reconcile(state: _State, leg_dir: Path, stopped: set[tuple[str, int]] | None = None
