@@ -116,9 +116,6 @@ def server_argv(server: str, cell: Cell, log: Path, port: str, where: Placement)
             "--log", str(log)]
 
 
-def fake_server_argv(cell: Cell, log: Path, port: str, where: Placement) -> list[str]:
-    return server_argv("fake", cell, log, port, where)
-
 
 @dataclass(frozen=True)
 class Job:
