@@ -181,10 +181,13 @@ def row_comparison(outcome: RowOutcome, teacher: TeacherRow,
     if ref is None:
         why.append("the teacher has no token ids for it")
     elif teacher.gapped_token_ids is not None:
-        why.append(_held_back("the teacher's ", teacher.gapped_token_ids))
+        why.append("at the same tokens in the teacher"
+                   if teacher.gapped_token_ids == outcome.gapped_token_ids
+                   else _held_back("the teacher's ", teacher.gapped_token_ids))
     checked = 0 if mine is None or ref is None else sum(
         1 for a, b in zip(ref, mine, strict=False) if a is not None and b is not None)
-    return RowComparison("text", "; ".join(why), checked)
+    return RowComparison("text", " ".join(why) if len(why) == 2 and why[1].startswith("at ")
+                         else "; ".join(why), checked)
 
 
 def compare_row(outcome: RowOutcome, teacher: TeacherRow,
@@ -305,8 +308,11 @@ def compared_by_phrase(evidence: Mapping[str, Any], rows: int) -> str:
     phrase = f"{by_ids}/{rows} by ids"
     if by_text:
         first = by_text[0]
-        phrase += (f", {len(by_text)} by text (row {first.get('row')}: {first.get('why')}"
-                   + (", …" if len(by_text) > 1 else "") + ")")
+        ids = sum(int(r.get("ids_checked") or 0) for r in by_text)
+        given = f", their other {ids} ids compared by position" if ids else ""
+        more = f"; {len(by_text) - 1} more" if len(by_text) > 1 else ""
+        phrase += (f", {len(by_text)} by text{given} (row {first.get('row')}: "
+                   f"{first.get('why')}{more})")
     return phrase
 
 
