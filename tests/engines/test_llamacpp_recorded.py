@@ -69,3 +69,31 @@ def test_the_log_line_per_generation_task_is_counted() -> None:
            "0.00.792 I slot print_timing: id  0 | task 1 | prompt eval time = 13.19 ms\n"
            "0.00.802 I slot launch_slot_: id  0 | task 514 | processing task, is_child = 0\n")
     assert len(line.findall(log)) == 2
+
+
+def test_held_back_ids_are_gaps_at_known_positions() -> None:
+    # llama.cpp sends no event for a token that leaves incomplete UTF-8; the next event
+    # has its text but only its own id, and tokens_predicted counts both. In this
+    # capture, tokens_predicted jumps 8 -> 10 with "tokens": [1446]: token 8's id was
+    # held back, token 9 is 1446.
+    parser = LlamaCppParser()
+    for p in _payloads():
+        parser.parse(p)
+    assert parser.positions_known and len(parser.positional_ids) == 512
+    assert parser.positional_ids[7:10] == [1576, None, 1446]
+    gaps = [i for i, t in enumerate(parser.positional_ids) if t is None]
+    assert len(gaps) == parser.mismatches  # one id held back per short chunk here
+    given = [t for t in parser.positional_ids if t is not None]
+    assert given == [i for p in _payloads() for i in p.get("tokens") or []]
+
+
+def test_ids_held_back_to_the_end_are_gaps_and_a_stream_without_ids_has_no_positions() -> None:
+    parser = LlamaCppParser()
+    parser.parse({"content": "a", "tokens": [5], "stop": False, "tokens_predicted": 1})
+    parser.parse({"content": "", "tokens": [], "stop": True, "stop_type": "limit",
+                  "tokens_predicted": 3, "tokens_evaluated": 2, "timings": {"cache_n": 0}})
+    assert parser.positional_ids == [5, None, None] and parser.positions_known
+    # Without return_tokens every event's "tokens" is empty: no id, no position.
+    bare = LlamaCppParser()
+    bare.parse({"content": "a", "tokens": [], "stop": False, "tokens_predicted": 1})
+    assert not bare.positions_known and bare.positional_ids == []

@@ -159,7 +159,7 @@ def test_teacher_exact_passes_on_identical_token_ids() -> None:
     rows = [outcome(0, (5, 6, 7)), outcome(1, (8, 9)), outcome(2, (1,))]
     g = teacher_exact(rows, teacher)
     assert g.status is PASS and g.count == "3/3" and g.required
-    assert g.reason == "every row matches the teacher token_ids"
+    assert g.reason == "every row matches the teacher: 3/3 by ids"
     assert g.evidence["compared_by"] == ["token_ids"]
     assert g.evidence["teacher_sha256"] == teacher.sha256
     assert g.evidence["divergences"] == []
@@ -219,9 +219,14 @@ def test_teacher_exact_falls_back_to_text_when_the_leg_has_no_token_ids() -> Non
     rows = [outcome(0, None, text=" t1 t2", n_tokens=2), outcome(1, None, text=" t3 t4", n_tokens=2)]
     g = teacher_exact(rows, teacher)
     assert g.status is PASS and g.count == "2/2"
-    assert g.reason == "every row matches the teacher text"
+    assert g.reason == ("every row matches the teacher: 0/2 by ids, 2 by text "
+                        "(row 0: the server sent no token ids; 1 more)")
     assert g.evidence["compared_by"] == ["text"]
-    assert g.evidence["fallback"] == "some rows compared by text: the server returned no token ids"
+    assert [r["why"] for r in g.evidence["rows_by_text"]] == ["the server sent no token ids"] * 2
+    # Rule 1 (leg gates v1), as older evidence was sealed with: its own words.
+    old = teacher_exact(rows, teacher, rule=1)
+    assert old.reason == "every row matches the teacher text"
+    assert old.evidence["fallback"] == "some rows compared by text: the server returned no token ids"
 
 
 def test_teacher_exact_text_fallback_reports_first_divergent_character() -> None:
@@ -232,7 +237,9 @@ def test_teacher_exact_text_fallback_reports_first_divergent_character() -> None
     assert g.status is FAIL and g.count == "1/2"
     assert g.reason == "row 0 (r0): first divergent character at index 7 (teacher has 11, this leg 11)"
     assert g.evidence["compared_by"] == ["text", "token_ids"]
-    assert "fallback" in g.evidence
+    assert g.evidence["rows_by_token_ids"] == 1
+    assert g.evidence["rows_by_text"] == [{"row": 0, "row_id": "r0", "ids_checked": 0,
+                                           "why": "the teacher has no token ids for it"}]
     (d,) = g.evidence["divergences"]
     # Characters 3..11 (index 7 +- 4), kept as a list of single characters.
     assert d["mode"] == "text" and d["expected"] == list("lo world") and d["got"] == list("lo w0rld")
@@ -845,7 +852,7 @@ def test_load_teacher_invalid_json(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("edit", "key"),
     [
-        (lambda d: d.update(schema="tokrecord.teacher/v2"), "schema"),
+        (lambda d: d.update(schema="tokrecord.teacher/v3"), "schema"),
         (lambda d: d.pop("rows"), "rows"),
         (lambda d: d.pop("suite_sha256"), "suite_sha256"),
         (lambda d: d["rows"][0].update(token_ids="not ids"), "rows.0.token_ids"),

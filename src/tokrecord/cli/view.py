@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -323,7 +324,9 @@ def _runs_table(record: AbbaRecord, legs: list[str]) -> Table:
         tel = leg.telemetry
         runs.add_row(name, leg.treatment, fmt(leg.headline_tok_s), fmt(leg.p10_tok_s),
                      fmt(leg.ttft_median_ms, 1), fmt(leg.aggregate_cycle_ms),
-                     fmt(leg.draft_acceptance_rate, 3), leg.teacher_exact,
+                     fmt(leg.draft_acceptance_rate, 3),
+                     _teacher_exact_cell(leg.teacher_exact,
+                                         getattr(leg, "teacher_exact_compared_by", None)),
                      fmt(tel.power_w_mean if tel else None, 0),
                      fmt(tel.joules_per_output_token if tel else None, 3),
                      _idle_cell(record.operational.legs.get(name)),
@@ -382,6 +385,13 @@ def _gate_cell(gate: GateSummary | None, short: bool) -> str:
 
 # The quality keys across legs, in this order (a record sealed before the idle gates and
 # hardware probes lacks the keys they added).
+def _teacher_exact_cell(count: str, compared_by: str | None) -> str:
+    """The count alone only when no row was compared by text (records sealed before leg
+    gates v2 do not say)."""
+    found = re.search(r"(\d+) by text", compared_by or "")
+    return f"{count}, {found.group(1)} by text" if found else count
+
+
 _QUALITY_ROWS = ("all_legs_teacher_exact", "all_legs_cross_exact", "all_legs_cached_zero",
                  "full_output_then_next_exact", "long_then_next_exact", "rollover_exact",
                  "token_count_integrity", "cleanup_passed_all_legs",

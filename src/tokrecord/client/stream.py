@@ -59,6 +59,10 @@ class RowTrace(BaseModel):
     prompt_tokens: int | None
     completion_tokens: int | None  # server-reported, final usage
     cached_tokens: int | None
+    # Set only where `token_ids` is None because the server held some ids back at
+    # known positions: every token's id by position, None at each held-back one
+    # (leg rows v2; absent from older rows.json).
+    gapped_token_ids: tuple[int | None, ...] | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -449,6 +453,8 @@ def _trace(row_index: int, row: SuiteRow, t_send: int, t_end: int, chunks: list[
         prompt_tokens=parser.prompt_tokens,
         completion_tokens=parser.completion_tokens,
         cached_tokens=parser.cached_tokens,
+        gapped_token_ids=tuple(parser.positional_ids)
+        if chunks and not parser.have_ids and parser.positions_known else None,
     )
 
 

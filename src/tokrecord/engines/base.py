@@ -67,6 +67,11 @@ class StreamParser:
 
     token_ids: list[int] = field(default_factory=list)
     have_ids: bool = True
+    # Every token by position: its id, or None where the server never sent it (a
+    # dialect that says where its gaps are, see `_take`). `positions_known` turns
+    # false at the first chunk whose ids do not account for its count.
+    positional_ids: list[int | None] = field(default_factory=list)
+    positions_known: bool = True
     prompt_token_ids: list[int] | None = None
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None
@@ -84,8 +89,10 @@ class StreamParser:
         raise NotImplementedError
 
     def _take(self, n: int, ids: list[int] | None, source: CountSource, text: str,
-              finish: str | None) -> Parsed:
-        """Book one chunk's tokens (the count source is the first chunk's)."""
+              finish: str | None, held: int = 0) -> Parsed:
+        """Book one chunk's tokens (the count source is the first chunk's). `held`: how
+        many of the chunk's n tokens, just before its ids, the server counted but never
+        sent an id for (llama.cpp's UTF-8 hold-back); their positions are kept as gaps."""
         if n > 0:
             if self.source is CountSource.NONE:
                 self.source = source
@@ -93,6 +100,10 @@ class StreamParser:
                 self.token_ids.extend(ids)
             else:
                 self.have_ids = False
+            if ids is not None and held >= 0 and len(ids) + held == n:
+                self.positional_ids.extend([None] * held + list(ids))
+            else:
+                self.positions_known = False
         if finish is not None:
             self.finish_reason = finish
         self.text.append(text)

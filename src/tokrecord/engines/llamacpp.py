@@ -7,9 +7,14 @@ Facts this adapter relies on, measured on llama.cpp b11434 (docs/research/llamac
   (`tokens`) and the cumulative `tokens_predicted`; the last has `stop: true`,
   `stop_type` and `timings` (`cache_n`, `prompt_n`, `predicted_n`, and `draft_n` /
   `draft_n_accepted` when speculating). There is no `[DONE]` line.
-* A token that leaves incomplete UTF-8 is held back and its id never appears, so a
-  chunk's count is the `tokens_predicted` delta; ids are kept only while every chunk
-  carries all of its ids.
+* A token that leaves incomplete UTF-8 is held back: no event is sent for it, and the
+  next event carries its text but only its own id (`tokens` holds the current token
+  alone, server-context.cpp `send_partial_response`), while `tokens_predicted` counts
+  both. The held-back id is never sent later: the final event's `tokens` is empty when
+  streaming, and `n_probs` entries skip held-back tokens too (they are added with
+  `add_token`, which a held-back token never reaches). So a chunk's count is the
+  `tokens_predicted` delta, and the tokens it counts beyond its ids are gaps just
+  before them, at known positions (a non-streamed response lists every id).
 * The prompt cache is on by default (`cache_prompt`), per request and per server:
   requests say `cache_prompt: false`, the server gets `--no-cache-prompt`, and the
   proof is `timings.cache_n == 0` on every row and no cached prompt tokens counted.
@@ -103,7 +108,11 @@ class LlamaCppParser(StreamParser):
             self.prompt_tokens = _int(obj.get("tokens_evaluated"))
             self.completion_tokens = _int(predicted)
             self.cached_tokens = _int((timings or {}).get("cache_n"))
-        return self._take(n, ids, source, str(obj.get("content") or ""), finish)
+        # Ids short of the count are the held-back tokens before this chunk's own.
+        held = n - len(ids) if ids is not None and 0 < len(ids) < n else 0
+        if ids == [] and n > 0 and obj.get("stop"):
+            held = n  # held back to the end: the closing event sends no id
+        return self._take(n, ids, source, str(obj.get("content") or ""), finish, held)
 
 
 def _int(value: Any) -> int | None:

@@ -36,6 +36,8 @@ from tokrecord.engines import (
 from tokrecord.errors import StreamError, TokrecordError
 from tokrecord.evidence import JsonlWriter, RunDir, canonical_json, layout, read_jsonl
 from tokrecord.gates import (
+    EXACTNESS_RULE,
+    EXACTNESS_RULE_V1,
     GateConfig,
     GateResult,
     GateStatus,
@@ -93,9 +95,14 @@ from tokrecord.server.process import (
 from tokrecord.suite import Suite, SuiteRow
 
 SCHEMA_SUMMARY = "tokrecord.leg-summary/v1"
-SCHEMA_ROWS = "tokrecord.leg-rows/v1"
+# Rows v2 keep the ids a server gave around the ones it held back (gapped_token_ids);
+# gates v2 compare those rows by them (gates.EXACTNESS_RULE). A v1 leg is verified by
+# the rule it was sealed with.
+SCHEMA_ROWS = "tokrecord.leg-rows/v2"
 SCHEMA_CONFIG = "tokrecord.leg-config/v1"
-SCHEMA_GATES = "tokrecord.leg-gates/v1"
+SCHEMA_GATES = "tokrecord.leg-gates/v2"
+SCHEMA_GATES_V1 = "tokrecord.leg-gates/v1"
+SCHEMA_ROWS_V1 = "tokrecord.leg-rows/v1"
 # Every recorded time comes from this clock; config.json and the record name it.
 CLOCK_SOURCE = "time.perf_counter_ns (CLOCK_MONOTONIC)"
 
@@ -562,7 +569,7 @@ def outcomes(records: list[RowRecord], config: LegConfig) -> list[RowOutcome]:
             text=r.trace.text, finish_reason=r.trace.finish_reason, n_tokens=r.trace.n_tokens,
             completion_tokens=r.trace.completion_tokens, prompt_tokens=r.trace.prompt_tokens,
             cached_tokens=r.trace.cached_tokens, t_send_ns=r.trace.t_send_ns,
-            t_end_ns=r.trace.t_end_ns,
+            t_end_ns=r.trace.t_end_ns, gapped_token_ids=r.trace.gapped_token_ids,
         )
         for r in records
     ]
@@ -579,14 +586,16 @@ def evaluate_gates(
     metrics_before: Mapping[str, float] | None,
     server_log: str,
     idle: Mapping[str, IdleResult | None] | None,
+    rule: int = EXACTNESS_RULE,
 ) -> list[GateResult]:
     """Every quality gate of one leg, from what the leg recorded. `idle` None: the
-    evidence predates idle gates (verifying an older record), so there are none."""
+    evidence predates idle gates (verifying an older record), so there are none.
+    `rule`: the teacher-exact rule the leg's gates were written with (gates_rule)."""
     rows = outcomes(records, config)
-    exact = exactness(rows, teacher)
+    exact = exactness(rows, teacher, rule)
     adapter = config.adapter
     gates = [
-        teacher_exact(rows, teacher),
+        teacher_exact(rows, teacher, rule),
         cached_tokens_zero(rows, engine.prefix_cache_hits if engine else None,
                            engine.prefix_cache_queries if engine else None,
                            hint=adapter.cached_tokens_hint),
@@ -614,6 +623,17 @@ def _engine_limits(gate: GateResult, engine: Engine) -> GateResult:
     if reason is None or gate.status is not GateStatus.NOT_TESTED:
         return gate
     return gate.model_copy(update={"reason": reason})
+
+
+def gates_rule(schema: object) -> int:
+    """The teacher-exact rule of a leg whose gates.json (or rows.json) has this schema."""
+    return EXACTNESS_RULE_V1 if schema in (SCHEMA_GATES_V1, SCHEMA_ROWS_V1) else EXACTNESS_RULE
+
+
+def rows_rule(run_dir: Path) -> int:
+    """The teacher-exact rule a leg's rows were recorded for (rows.json's schema)."""
+    data = json.loads((run_dir / layout.ROWS).read_text(encoding="utf-8"))
+    return gates_rule(data.get("schema"))
 
 
 def load_rows(run_dir: Path) -> list[RowRecord]:
@@ -645,6 +665,7 @@ def teacher_from_run(
                 token_ids=r.trace.token_ids, text=r.trace.text,
                 finish_reason=r.trace.finish_reason, n_tokens=r.trace.n_tokens,
                 compare_by="token_ids" if r.trace.token_ids is not None else "text",
+                gapped_token_ids=r.trace.gapped_token_ids,
             )
             for r in records
         ),

@@ -13,7 +13,7 @@ import itertools
 import re
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -105,6 +105,14 @@ class RowOutcome(BaseModel):
     cached_tokens: int | None
     t_send_ns: int
     t_end_ns: int
+    # Ids by position with None where the server held one back (token_ids is then None).
+    gapped_token_ids: tuple[int | None, ...] | None = None
+
+
+# How the teacher-exact gate compares a row (leg gates v1 / v2; see compare_row).
+EXACTNESS_RULE_V1: Final = 1
+EXACTNESS_RULE: Final = 2
+HELD_BACK_SHOWN = 5  # held-back positions named in a row's reason
 
 
 class Divergence(BaseModel):
@@ -131,17 +139,84 @@ def first_divergence(expected: Sequence[Any], got: Sequence[Any]) -> int | None:
     return None if len(expected) == len(got) else min(len(expected), len(got))
 
 
-def compare_row(outcome: RowOutcome, teacher: TeacherRow) -> Divergence | None:
+class RowComparison(NamedTuple):
+    """How one row is compared with its teacher row: by token ids only where both lists
+    are complete; else by text, with why and how many ids were still compared."""
+
+    mode: Literal["token_ids", "text"]
+    why: str | None  # None when compared by ids
+    ids_checked: int  # positions compared by id (all of them when mode is token_ids)
+
+
+def _positional(ids: tuple[int, ...] | None, gapped: tuple[int | None, ...] | None
+                ) -> tuple[int | None, ...] | None:
+    return ids if ids is not None else gapped
+
+
+def _held_back(who: str, gapped: tuple[int | None, ...]) -> str:
+    at = [i for i, t in enumerate(gapped) if t is None]
+    shown = ", ".join(str(i) for i in at[:HELD_BACK_SHOWN]) + (", …" if len(at) > HELD_BACK_SHOWN
+                                                              else "")
+    return (f"{who}{len(at)} id{'s' if len(at) > 1 else ''} held back at token"
+            f"{'s' if len(at) > 1 else ''} {shown}")
+
+
+def row_comparison(outcome: RowOutcome, teacher: TeacherRow,
+                   rule: int = EXACTNESS_RULE) -> RowComparison:
+    """Rule 1 (leg gates v1): ids when both rows have every id, else text. Rule 2 adds
+    a row whose ids have gaps at known positions (llama.cpp's UTF-8 hold-back): it is
+    compared by text, and every id both sides were given is compared by position too;
+    the reason names the gaps."""
+    if outcome.token_ids is not None and teacher.token_ids is not None:
+        return RowComparison("token_ids", None, len(teacher.token_ids))
+    if rule < EXACTNESS_RULE:
+        return RowComparison("text", None, 0)
+    mine = _positional(outcome.token_ids, outcome.gapped_token_ids)
+    ref = _positional(teacher.token_ids, teacher.gapped_token_ids)
+    why = []
+    if mine is None:
+        why.append("the server sent no token ids")
+    elif outcome.gapped_token_ids is not None:
+        why.append(_held_back("", outcome.gapped_token_ids))
+    if ref is None:
+        why.append("the teacher has no token ids for it")
+    elif teacher.gapped_token_ids is not None:
+        why.append("at the same tokens in the teacher"
+                   if teacher.gapped_token_ids == outcome.gapped_token_ids
+                   else _held_back("the teacher's ", teacher.gapped_token_ids))
+    checked = 0 if mine is None or ref is None else sum(
+        1 for a, b in zip(ref, mine, strict=False) if a is not None and b is not None)
+    return RowComparison("text", " ".join(why) if len(why) == 2 and why[1].startswith("at ")
+                         else "; ".join(why), checked)
+
+
+def compare_row(outcome: RowOutcome, teacher: TeacherRow,
+                rule: int = EXACTNESS_RULE) -> Divergence | None:
     if outcome.prompt_sha256 != teacher.prompt_sha256:
         return Divergence(row=outcome.row, row_id=outcome.row_id, mode="token_ids", index=None,
                           expected=[], got=[], reason="prompt differs from the teacher's")
-    if outcome.token_ids is not None and teacher.token_ids is not None:
-        exp: Sequence[Any] = teacher.token_ids
-        got: Sequence[Any] = outcome.token_ids
-        mode: Literal["token_ids", "text"] = "token_ids"
-    else:
-        exp, got, mode = teacher.text, outcome.text, "text"
-    index = first_divergence(exp, got)
+    how = row_comparison(outcome, teacher, rule)
+    exp: Sequence[Any]
+    got: Sequence[Any]
+    if how.mode == "token_ids":
+        exp, got = teacher.token_ids or (), outcome.token_ids or ()
+        return _divergence(outcome, "token_ids", exp, got, first_divergence(exp, got))
+    ref = _positional(teacher.token_ids, teacher.gapped_token_ids)
+    mine = _positional(outcome.token_ids, outcome.gapped_token_ids)
+    if rule >= EXACTNESS_RULE and ref is not None and mine is not None:
+        # The ids both were given must agree where they sit, and so must the counts.
+        index = next((i for i, (a, b) in enumerate(zip(ref, mine, strict=False))
+                      if a is not None and b is not None and a != b), None)
+        if index is None and len(ref) != len(mine):
+            index = min(len(ref), len(mine))
+        if index is not None:
+            return _divergence(outcome, "token_ids", ref, mine, index)
+    return _divergence(outcome, "text", teacher.text, outcome.text,
+                       first_divergence(teacher.text, outcome.text))
+
+
+def _divergence(outcome: RowOutcome, mode: Literal["token_ids", "text"], exp: Sequence[Any],
+                got: Sequence[Any], index: int | None) -> Divergence | None:
     if index is None:
         return None
     lo, hi = max(0, index - CONTEXT_TOKENS), index + CONTEXT_TOKENS + 1
@@ -154,17 +229,20 @@ def compare_row(outcome: RowOutcome, teacher: TeacherRow) -> Divergence | None:
     )
 
 
-def exactness(outcomes: Sequence[RowOutcome], teacher: Teacher | None) -> dict[int, bool]:
+def exactness(outcomes: Sequence[RowOutcome], teacher: Teacher | None,
+              rule: int = EXACTNESS_RULE) -> dict[int, bool]:
     """Per row: is it teacher-exact? Empty without a teacher."""
     if teacher is None:
         return {}
     by_index = {r.row: r for r in teacher.rows}
     return {
-        o.row: o.row in by_index and compare_row(o, by_index[o.row]) is None for o in outcomes
+        o.row: o.row in by_index and compare_row(o, by_index[o.row], rule) is None
+        for o in outcomes
     }
 
 
-def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None) -> GateResult:
+def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None,
+                  rule: int = EXACTNESS_RULE) -> GateResult:
     name = "teacher_exact"
     if teacher is None:
         return GateResult(name=name, status=GateStatus.NOT_TESTED,
@@ -172,22 +250,32 @@ def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None) -> Ga
     by_index = {r.row: r for r in teacher.rows}
     divergences: list[Divergence] = []
     modes = set()
+    by_text: list[dict[str, Any]] = []
     for o in outcomes:
         t = by_index.get(o.row)
         if t is None:
             divergences.append(Divergence(row=o.row, row_id=o.row_id, mode="token_ids", index=None,
                                           expected=[], got=[], reason="row not in the teacher"))
             continue
-        modes.add("token_ids" if o.token_ids is not None and t.token_ids is not None else "text")
-        d = compare_row(o, t)
+        how = row_comparison(o, t, rule)
+        modes.add(how.mode)
+        if how.mode == "text" and rule >= EXACTNESS_RULE:
+            by_text.append({"row": o.row, "row_id": o.row_id, "why": how.why,
+                            "ids_checked": how.ids_checked})
+        d = compare_row(o, t, rule)
         if d is not None:
             divergences.append(d)
     exact = len(outcomes) - len(divergences)
     missing = len(teacher.rows) - len(outcomes)
     evidence: dict[str, Any] = {"compared_by": sorted(modes), "teacher_sha256": teacher.sha256,
                                 "divergences": [d.model_dump() for d in divergences]}
-    if "text" in modes:
-        evidence["fallback"] = "some rows compared by text: the server returned no token ids"
+    if rule < EXACTNESS_RULE:
+        if "text" in modes:
+            evidence["fallback"] = "some rows compared by text: the server returned no token ids"
+    else:
+        compared = len(outcomes) - sum(1 for o in outcomes if o.row not in by_index)
+        evidence["rows_by_token_ids"] = compared - len(by_text)
+        evidence["rows_by_text"] = by_text
     if missing:
         evidence["rows_missing_from_leg"] = missing
     if divergences or missing:
@@ -196,9 +284,36 @@ def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None) -> Ga
                   f"{len(teacher.rows)}")
         return GateResult(name=name, status=GateStatus.FAIL, count=_fraction(exact, len(outcomes)),
                           reason=reason, evidence=evidence)
+    if rule < EXACTNESS_RULE:
+        said = "every row matches the teacher " + "/".join(sorted(modes))
+    else:
+        said = "every row matches the teacher: " + compared_by_phrase(evidence, len(outcomes))
     return GateResult(name=name, status=GateStatus.PASS, count=_fraction(exact, len(outcomes)),
-                      reason="every row matches the teacher " + "/".join(sorted(modes)),
-                      evidence=evidence)
+                      reason=said, evidence=evidence)
+
+
+def compared_by_phrase(evidence: Mapping[str, Any], rows: int) -> str:
+    """How a teacher-exact gate's rows were compared, in words: "13/13 by ids", or
+    "12/13 by ids, 1 by text (row 7: 1 id held back at token 212)". A gate written by
+    rule 1 (leg gates v1) only says which modes occurred."""
+    by_text = evidence.get("rows_by_text")
+    if not isinstance(by_text, list):
+        modes = list(evidence.get("compared_by") or [])
+        if modes == ["token_ids"]:
+            return f"{rows}/{rows} by ids"
+        if modes == ["text"]:
+            return f"{rows}/{rows} by text"
+        return "some rows by ids, some by text" if modes else "no row compared"
+    by_ids = evidence.get("rows_by_token_ids")
+    phrase = f"{by_ids}/{rows} by ids"
+    if by_text:
+        first = by_text[0]
+        ids = sum(int(r.get("ids_checked") or 0) for r in by_text)
+        given = f", their other {ids} ids compared by position" if ids else ""
+        more = f"; {len(by_text) - 1} more" if len(by_text) > 1 else ""
+        phrase += (f", {len(by_text)} by text{given} (row {first.get('row')}: "
+                   f"{first.get('why')}{more})")
+    return phrase
 
 
 def output_divergence(a: RowOutcome, b: RowOutcome

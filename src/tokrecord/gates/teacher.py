@@ -1,7 +1,10 @@
 """The teacher: canonical outputs of a reference arm, captured once, compared ever after.
 
 Token ids come from the server; a row without ids keeps its text and says so,
-because text equality is weaker evidence than token equality.
+because text equality is weaker evidence than token equality. A row whose server
+held some ids back at known positions (llama.cpp's UTF-8 hold-back) keeps the ids it
+was given, by position (teacher v2); a v1 teacher has no such key, and its hash is
+that of the file it was read from.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import canonical_json, write_exclusive
 
-SCHEMA_TEACHER: Final = "tokrecord.teacher/v1"
+SCHEMA_TEACHER_V1: Final = "tokrecord.teacher/v1"
+SCHEMA_TEACHER: Final = "tokrecord.teacher/v2"
 
 
 class TeacherRow(BaseModel):
@@ -30,12 +34,14 @@ class TeacherRow(BaseModel):
     finish_reason: str | None
     n_tokens: int
     compare_by: Literal["token_ids", "text"]
+    gapped_token_ids: tuple[int | None, ...] | None = None
 
 
 class Teacher(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    schema_id: Literal["tokrecord.teacher/v1"] = Field(default=SCHEMA_TEACHER, alias="schema")
+    schema_id: Literal["tokrecord.teacher/v1", "tokrecord.teacher/v2"] = Field(
+        default=SCHEMA_TEACHER, alias="schema")
     created_utc: str
     suite_name: str
     suite_sha256: str
@@ -51,7 +57,11 @@ class Teacher(BaseModel):
         return hashlib.sha256(canonical_json(self.to_json()) + b"\n").hexdigest()
 
     def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)
+        data = self.model_dump(mode="json", by_alias=True)
+        if self.schema_id == SCHEMA_TEACHER_V1:  # the key v1 never had, for v1's hash
+            for row in data["rows"]:
+                row.pop("gapped_token_ids", None)
+        return data
 
 
 def write_teacher(path: Path, teacher: Teacher) -> Path:

@@ -31,7 +31,7 @@ from tokrecord.experiment.stats import (
     pct_delta,
     record_gate,
 )
-from tokrecord.gates import GateResult, GateStatus, RowOutcome, cross_leg_exact
+from tokrecord.gates import GateResult, GateStatus, RowOutcome, compared_by_phrase, cross_leg_exact
 from tokrecord.metrics import FORMULAS, Convention, EngineCounters, SpeculativeCounters
 from tokrecord.record.exactness import artifact_entries
 
@@ -81,6 +81,14 @@ def _gate(result: LegResult, name: str) -> GateResult | None:
     return next((g for g in result.gates if g.name == name), None)
 
 
+def _compared_by(gate: GateResult | None) -> str | None:
+    """How a leg's teacher-exact rows were compared, in words (None: not tested)."""
+    if gate is None or gate.status is GateStatus.NOT_TESTED or gate.count is None:
+        return None
+    rows = gate.count.split("/")[-1]
+    return compared_by_phrase(gate.evidence, int(rows)) if rows.isdigit() else None
+
+
 def _summed(results: Sequence[LegResult], name: str) -> str:
     """'52/52' over legs; 'not tested' when no leg tested it; a failing leg shows in the count."""
     ok = total = 0
@@ -120,6 +128,7 @@ def _leg_block(result: LegResult, attempts: int, facts: EvidenceFacts) -> dict[s
         **_speculative(e),
         "teacher_exact": exact.count if exact and exact.status is not GateStatus.NOT_TESTED
         else "not tested",
+        "teacher_exact_compared_by": _compared_by(exact),
         "valid": result.valid,
         "gates": {g.name: {"status": g.status.value, "count": g.count} for g in result.gates},
         "warnings": list(s.warnings),

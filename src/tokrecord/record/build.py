@@ -19,7 +19,7 @@ from tokrecord.errors import ConfigError
 from tokrecord.evidence import canonical_json, layout, write_exclusive
 from tokrecord.evidence.seal import MANIFEST_NAME, SigningKey, load_or_create_key, seal
 from tokrecord.experiment.components import sealed_component_evidence
-from tokrecord.experiment.leg import LegResult, RowRecord, load_rows, outcomes
+from tokrecord.experiment.leg import LegResult, RowRecord, load_rows, outcomes, rows_rule
 from tokrecord.experiment.plan import Design, Plan
 from tokrecord.experiment.prior_check import prior_record_fields
 from tokrecord.experiment.runner import (
@@ -31,7 +31,7 @@ from tokrecord.experiment.runner import (
     mark_complete,
     plan_suite,
 )
-from tokrecord.gates import RowOutcome
+from tokrecord.gates import EXACTNESS_RULE, RowOutcome
 from tokrecord.gates.teacher import Teacher, load_teacher
 from tokrecord.identity import sha256_file
 from tokrecord.record import SCHEMA_ABBA, EvidenceFacts, abba_record, single_leg_record
@@ -80,8 +80,10 @@ def _documents(plan: Plan, exp_dir: Path, run_dirs: Mapping[str, tuple[Path, str
                outs: Mapping[str, list[RowOutcome]]) -> dict[str, bytes]:
     """The exactness documents of these legs: the same bytes when the record is built and
     when finish writes them."""
+    # The documents follow the rule the legs were recorded by (rows v1 or v2).
+    rule = min((rows_rule(d) for d, _ in run_dirs.values()), default=EXACTNESS_RULE)
     return exactness_documents(outs, canonical_teacher(exp_dir, run_dirs),
-                               cross=plan.design is not Design.SINGLE)
+                               cross=plan.design is not Design.SINGLE, rule=rule)
 
 
 def _write_documents(exp_dir: Path, record: Mapping[str, Any]) -> None:

@@ -14,11 +14,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from tokrecord.evidence import canonical_json, canonical_sha256, layout
-from tokrecord.gates import RowOutcome, compare_row, output_divergence
+from tokrecord.gates import (
+    EXACTNESS_RULE,
+    RowOutcome,
+    compare_row,
+    output_divergence,
+    row_comparison,
+)
 from tokrecord.gates.teacher import Teacher
 
 SCHEMA_CROSS: Final = "tokrecord.cross-leg-exactness/v1"
-SCHEMA_TEACHER: Final = "tokrecord.all-vs-canonical-teacher/v1"
+SCHEMA_TEACHER_V1: Final = "tokrecord.all-vs-canonical-teacher/v1"
+# v2: each row says why it was compared by text and how many ids were compared anyway;
+# each leg counts its rows compared by ids.
+SCHEMA_TEACHER: Final = "tokrecord.all-vs-canonical-teacher/v2"
 
 
 def _sha(data: bytes) -> str:
@@ -61,11 +70,13 @@ def cross_leg_document(legs: Mapping[str, Sequence[RowOutcome]]) -> dict[str, An
             "passed": len(names) >= 2 and identical == count}
 
 
-def teacher_document(legs: Mapping[str, Sequence[RowOutcome]], teacher: Teacher | None
-                     ) -> dict[str, Any]:
-    """Per leg and row, whether it matches the teacher and, where not, why."""
+def teacher_document(legs: Mapping[str, Sequence[RowOutcome]], teacher: Teacher | None,
+                     rule: int = EXACTNESS_RULE) -> dict[str, Any]:
+    """Per leg and row, whether it matches the teacher and, where not, why; and how it
+    was compared (rule 2: why by text, and the ids compared all the same)."""
+    schema = SCHEMA_TEACHER if rule >= EXACTNESS_RULE else SCHEMA_TEACHER_V1
     if teacher is None:
-        return {"schema": SCHEMA_TEACHER, "teacher_sha256": None, "legs": {},
+        return {"schema": schema, "teacher_sha256": None, "legs": {},
                 "passed": None, "reason": "no teacher: exactness was not tested"}
     by_row = {r.row: r for r in teacher.rows}
     out: dict[str, Any] = {}
@@ -73,32 +84,41 @@ def teacher_document(legs: Mapping[str, Sequence[RowOutcome]], teacher: Teacher 
     for name, outcomes in legs.items():
         rows = []
         exact = 0
+        by_ids = 0
         for o in outcomes:
             t = by_row.get(o.row)
-            d = compare_row(o, t) if t is not None else None
+            d = compare_row(o, t, rule) if t is not None else None
+            how = row_comparison(o, t, rule) if t is not None else None
             ok = t is not None and d is None
             exact += ok
-            rows.append({"row": o.row, "row_id": o.row_id, "exact": ok,
-                         "compared_by": None if t is None else
-                         "token_ids" if o.token_ids is not None and t.token_ids is not None
-                         else "text",
-                         "first_divergence": d.index if d is not None else None,
-                         "reason": "row not in the teacher" if t is None
-                         else d.reason if d is not None else None,
-                         **output_hashes(o)})
+            by_ids += how is not None and how.mode == "token_ids"
+            row: dict[str, Any] = {
+                "row": o.row, "row_id": o.row_id, "exact": ok,
+                "compared_by": None if how is None else how.mode,
+                "first_divergence": d.index if d is not None else None,
+                "reason": "row not in the teacher" if t is None
+                else d.reason if d is not None else None,
+                **output_hashes(o)}
+            if rule >= EXACTNESS_RULE:
+                row["why_text"] = how.why if how is not None else None
+                row["ids_compared"] = how.ids_checked if how is not None else 0
+            rows.append(row)
         complete = len(outcomes) == len(teacher.rows)
         passed = passed and complete and exact == len(outcomes)
         out[name] = {"exact": f"{exact}/{len(outcomes)}", "complete": complete, "rows": rows}
-    return {"schema": SCHEMA_TEACHER, "teacher_sha256": teacher.sha256,
+        if rule >= EXACTNESS_RULE:
+            out[name]["by_token_ids"] = f"{by_ids}/{len(outcomes)}"
+    return {"schema": schema, "teacher_sha256": teacher.sha256,
             "teacher_suite": teacher.suite_name, "teacher_rows": len(teacher.rows),
             "legs": out, "passed": passed}
 
 
 def exactness_documents(legs: Mapping[str, Sequence[RowOutcome]], teacher: Teacher | None,
-                        cross: bool) -> dict[str, bytes]:
+                        cross: bool, rule: int = EXACTNESS_RULE) -> dict[str, bytes]:
     """File name -> bytes: the teacher document always, the cross-leg one when the
     experiment has more than one leg."""
-    docs = {layout.ALL_VS_TEACHER: canonical_json(teacher_document(legs, teacher)) + b"\n"}
+    docs = {layout.ALL_VS_TEACHER: canonical_json(teacher_document(legs, teacher, rule))
+            + b"\n"}
     if cross:
         docs[layout.CROSS_LEG_EXACTNESS] = canonical_json(cross_leg_document(legs)) + b"\n"
     return docs

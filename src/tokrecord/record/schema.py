@@ -276,6 +276,9 @@ class LegBlock(SpeculativeCounters):
     chunk_aware_tok_s: float | None
     quantisation_bound_pct: float | None
     teacher_exact: Count
+    # How its rows were compared: "13/13 by ids", "0/13 by ids, 13 by text, …"
+    # (gates.compared_by_phrase); records sealed before leg gates v2 have none.
+    teacher_exact_compared_by: str | None = None
     valid: bool
     gates: dict[str, GateSummary]
     warnings: list[str]
@@ -461,6 +464,9 @@ ADDED_WITH_EVIDENCE: Final = frozenset({
     "prefix_history_response_reuse", "bundle", "patch", "prior_recheck"})
 # Added with crash safety (bench.chaos): the stamps' clock, named in the accounting.
 ADDED_WITH_CRASH_SAFETY: Final = frozenset({"clock"})
+# Added with leg gates v2 (rows compared by ids wherever complete): how each leg's
+# teacher-exact rows were compared.
+ADDED_WITH_ID_EXACTNESS: Final = frozenset({"teacher_exact_compared_by"})
 
 
 class PriorRecheck(_Section):
@@ -687,7 +693,8 @@ def validate_record(obj: Mapping[str, Any], *, source: str = "record",
         raise ConfigError(_describe(source, obj, exc.errors())) from exc
     # The ABBA v1 form is only ever recomputed, never written anew: it has none of the
     # keys added with the engines.
-    added = ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_WITH_CRASH_SAFETY
+    added = (ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_WITH_CRASH_SAFETY
+             | ADDED_WITH_ID_EXACTNESS)
     later = added if isinstance(record, ExperimentRecord) else frozenset()
     if sealed_before_probes_ok:  # a reader's view of evidence sealed by an older tokrecord
         later = added | (ADDED_LATER if isinstance(record, _V1_MODELS) else later)

@@ -33,6 +33,7 @@ from tokrecord.experiment.leg import (
     RowRecord,
     compute_leg,
     evaluate_gates,
+    gates_rule,
     leg_telemetry,
 )
 from tokrecord.experiment.plan import Plan
@@ -48,6 +49,7 @@ from tokrecord.record.schema import (
     ADDED_WITH_CRASH_SAFETY,
     ADDED_WITH_ENGINES,
     ADDED_WITH_EVIDENCE,
+    ADDED_WITH_ID_EXACTNESS,
 )
 from tokrecord.server.process import CleanupReport
 from tokrecord.suite import Suite, parse_suite
@@ -60,7 +62,10 @@ _VOLATILE = frozenset({"run_dir", "root", "date", "seal", "portable_sealed_evide
 # file lacks one, it is not a difference.
 # The record's keys are schema.ADDED_LATER; a leg summary's idle gates came with them.
 _ADDED_LATER = (ADDED_LATER | ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_WITH_CRASH_SAFETY
-                | {"idle_before", "idle_after", "exactness", "model_release_manifest"})
+                | ADDED_WITH_ID_EXACTNESS
+                | {"idle_before", "idle_after", "exactness", "model_release_manifest"}
+                # rows v2: the ids around held-back ones (a v1 row has no such key)
+                | {"gapped_token_ids"})
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -204,6 +209,8 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
         records, config, engine, cleanup, teacher,
         requests=[e for e in events if e.get("kind") == "request"], metrics_before=before,
         server_log=server_log, idle=None if legacy else idle,
+        # Gates are recomputed by the rule they were sealed with (leg gates v1 or v2).
+        rule=gates_rule((gates_raw or rows_raw).get("schema")),
     )
     if "log_facts" in summary_raw:  # a summary written before log facts has none
         recorded = {f.get("name") for f in summary_raw["log_facts"]}

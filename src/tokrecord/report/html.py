@@ -16,10 +16,11 @@ from tokrecord import __version__
 from tokrecord.gates import GateStatus
 
 from . import charts, fmt
-from .model import Analysis, Fact, GateView, Kind, LegView, Power, ReportData
+from .model import Analysis, Fact, Kind, LegView, Power, ReportData
 from .text import (
     COMPONENT_COLUMNS,
     component_cells,
+    exact_cell,
     interval_text,
     kind_text,
     noise_text,
@@ -182,7 +183,8 @@ def _legs(d: ReportData) -> str:
             _e(leg.name), _e(leg.arm), fmt.num(leg.tok_s), fmt.num(leg.p10), fmt.num(leg.ttft_ms, 1),
             fmt.num(leg.full_after_ttft), fmt.num(s.acceptance_rate, 3) if s else fmt.DASH,
             fmt.num(s.emitted_per_cycle, 2) if s else fmt.DASH,
-            _e(_gate_count(leg.gates, "teacher_exact")), _e(_gates_passed(leg)),
+            _e(exact_cell(next((g for g in leg.gates if g.name == "teacher_exact"), None))),
+            _e(_gates_passed(leg)),
             str(leg.stalled_rows), '<span class="pass">yes</span>' if leg.valid
             else '<span class="fail">NO</span>'])
     parts = ['<h2>Legs</h2>',
@@ -220,13 +222,6 @@ def _legs(d: ReportData) -> str:
         parts.append(f"<details><summary>Warnings ({len(warnings)}): what to know before trusting "
                      f"the figures</summary>{items}</details>")
     return f'<section id="legs">{"".join(parts)}</section>'
-
-
-def _gate_count(gates: Sequence[GateView], name: str) -> str:
-    g = next((g for g in gates if g.name == name), None)
-    if g is None:
-        return fmt.DASH
-    return g.count or g.status if g.status is GateStatus.PASS else g.status
 
 
 def _gates_passed(leg: LegView) -> str:

@@ -7,6 +7,7 @@ byte for byte): no clock, no absolute path, no colour in the plain-text form.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Sequence
 
 from rich.console import Console, Group, RenderableType
@@ -17,7 +18,7 @@ from rich.text import Text
 from tokrecord.gates import GateStatus
 
 from . import fmt
-from .model import Analysis, ComponentView, Kind, LegView, Power, ReportData
+from .model import Analysis, ComponentView, GateView, Kind, LegView, Power, ReportData
 
 _VERDICT_STYLE = {"FASTER": "bold green", "SLOWER": "bold red", "UNDECIDED": "bold yellow",
                   "NO DIFFERENCE": "bold", "VALID": "bold green", "NOT VALID": "bold red",
@@ -166,11 +167,31 @@ def evidence_text(d: ReportData) -> str:
     return f"NOT verified ({v.total} problems; tokrecord verify lists them): {first}"
 
 
+_BY_IDS = re.compile(r"(\d+)/(\d+) by ids(?:, (\d+) by text)?")
+
+
+def exact_cell(gate: GateView | None) -> str:
+    """The teacher-exact count as what it claims: "13/13" only when every row was
+    compared by token ids; "13/13, 1 by text" (or "13/13 by text") when not."""
+    if gate is None:
+        return fmt.DASH
+    if gate.status is not GateStatus.PASS:
+        return str(gate.status)
+    count = gate.count or str(gate.status)
+    found = _BY_IDS.search(gate.reason)
+    if found:  # leg gates v2
+        return count if found.group(3) is None else f"{count}, {found.group(3)} by text"
+    if gate.reason.endswith(" text"):  # v1: "every row matches the teacher text"
+        return f"{count} by text"
+    if gate.reason.endswith("text/token_ids"):
+        return f"{count}, some by text"
+    return count
+
+
 def _leg_cells(leg: LegView) -> list[str]:
     s = leg.speculative
     exact = next((g for g in leg.gates if g.name == "teacher_exact"), None)
-    exact_text = fmt.DASH if exact is None else (exact.count or exact.status
-                                                 if exact.status is GateStatus.PASS else exact.status)
+    exact_text = exact_cell(exact)
     passed = sum(1 for g in leg.gates if g.status is GateStatus.PASS)
     return [leg.name, leg.arm, fmt.num(leg.tok_s), fmt.num(leg.p10), fmt.num(leg.ttft_ms, 1),
             fmt.num(s.acceptance_rate, 3) if s else fmt.DASH,

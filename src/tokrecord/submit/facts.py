@@ -29,7 +29,7 @@ from tokrecord.errors import ConfigError, TokrecordError
 from tokrecord.evidence import canonical_sha256, layout, read_json, read_jsonl
 from tokrecord.evidence.seal import MANIFEST_NAME, Problem
 from tokrecord.experiment.leg import LegConfig, LegResult, ServerSpec, load_rows
-from tokrecord.gates import GateResult, GateStatus
+from tokrecord.gates import GateResult, GateStatus, compared_by_phrase
 from tokrecord.gates.teacher import load_teacher
 from tokrecord.identity import Identity, sha256_file
 from tokrecord.metrics.engine import SpeculativeCounters, histogram_deltas, timing_histograms
@@ -98,6 +98,9 @@ class RecordFacts:
     teacher_token_ids: tuple[tuple[int, ...], ...] | None  # only when every row is exact by ids
     candidate_legs: tuple[str, ...] = ()  # an ABBA experiment's, in run order (every block)
     blocks: int = 1  # an ABBA experiment's (v1 records: one)
+    # How the teacher-exact rows were compared ("13/13 by ids", "0/13 by ids, 13 by
+    # text, …"; gates.compared_by_phrase); None when not tested.
+    teacher_exact_by: str | None = None
     output_texts: tuple[str, ...] = ()  # per row of the headline leg, as streamed
     engine_timings: EngineTimings | None = None  # None: the engine reported none
     draft_tokens: int | None = None  # speculative counters' deltas over the headline leg
@@ -252,6 +255,15 @@ def _teacher_ids(leg_dir: Path, prompts: Sequence[str]) -> tuple[str | None, Tok
     return gate.count, exact if len(exact) == len(ids) else None
 
 
+def _teacher_exact_by(leg_dir: Path) -> str | None:
+    gate = next((g for g in _typed(leg_dir / layout.GATES, _gates)
+                 if g.name == "teacher_exact"), None)
+    if gate is None or gate.status is GateStatus.NOT_TESTED or gate.count is None:
+        return None
+    rows = gate.count.split("/")[-1]
+    return compared_by_phrase(gate.evidence, int(rows)) if rows.isdigit() else None
+
+
 def _gates(path: Path) -> list[GateResult]:
     return [GateResult.model_validate(g) for g in _read_json(path)["gates"]]
 
@@ -334,6 +346,7 @@ def facts_from_dir(record_dir: Path) -> RecordFacts:
     prompts = _typed(leg_dir / layout.SUITE, _prompts)
     traces = [r.trace for r in _typed(leg_dir, load_rows)]
     exact_count, teacher_ids = _teacher_ids(leg_dir, prompts)
+    exact_by = _teacher_exact_by(leg_dir)
     summary = _typed(leg_dir / layout.SUMMARY, _summary)
     timings = _typed(leg_dir, engine_timings)
     acc = head.accounting
@@ -352,6 +365,7 @@ def facts_from_dir(record_dir: Path) -> RecordFacts:
         prompts=tuple(prompts), prompt_tokens=tuple(t.prompt_tokens for t in traces),
         output_tokens=tuple(t.completion_tokens or len(t.token_ids or ()) for t in traces),
         teacher_exact_count=exact_count, teacher_token_ids=teacher_ids,
+        teacher_exact_by=exact_by,
         candidate_legs=candidate_legs(abba) if abba else (),
         blocks=abba.protocol.blocks if isinstance(abba, ExperimentRecordV2) else 1,
         output_texts=tuple(t.text for t in traces), engine_timings=timings,

@@ -375,7 +375,10 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
         count = facts.teacher_exact_count
         all_exact = count is not None and "/" in count and len(set(count.split("/"))) == 1
         # Exact by text only (no token ids in the stream) is exact, but gives no token-id hash.
-        why = ("its rows were compared with the teacher by text: the server streamed no token "
+        why = (f"not every row was compared with the teacher by token ids "
+               f"({facts.teacher_exact_by}), so there is no complete token-id array to hash"
+               if all_exact and facts.teacher_exact_by else
+               "its rows were compared with the teacher by text: the server streamed no token "
                "ids, so there is no token-id array to hash" if all_exact else
                f"not every row was token-exact against a teacher (teacher_exact: "
                f"{count or 'not tested'})")

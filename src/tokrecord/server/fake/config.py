@@ -57,6 +57,10 @@ class FakeServerConfig:
     # SGLang's --enable-metrics and llama.cpp's --metrics: the fake always serves /metrics.
     enable_metrics: bool = False
     metrics: bool = False
+    # llama.cpp: the id of every Nth token is held back, as llama.cpp holds a token that
+    # leaves incomplete UTF-8 (engines/llamacpp.py): no event for it, and the next event
+    # carries its text but only its own id.
+    hold_back_every: int | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -72,6 +76,11 @@ class FakeServerConfig:
             problems.append(f"leg_jitter_pct must be 0..50, got {self.leg_jitter_pct}")
         if not (math.isfinite(self.tok_s) and self.tok_s > 0):
             problems.append(f"tok_s must be a finite number > 0, got {self.tok_s}")
+        if self.hold_back_every is not None and (
+                self.hold_back_every < 2 or self.dialect != "llama.cpp"
+                or self.tokens_per_chunk != 1):
+            problems.append("hold_back_every must be >= 2, with --dialect llama.cpp and one "
+                            f"token per chunk, got {self.hold_back_every}")
         if self.tokens_per_chunk < 1:
             problems.append(f"tokens_per_chunk must be >= 1, got {self.tokens_per_chunk}")
         for name in ("max_tokens_cap", "eos_after"):
@@ -164,6 +173,9 @@ _OPTIONS = (
             "vllm: accepted and ignored (the fake's vLLM caches nothing)"),
     _Option("enable_metrics", "bool", "sglang: accepted and ignored (/metrics always answers)"),
     _Option("metrics", "bool", "llama.cpp: accepted and ignored (/metrics always answers)"),
+    _Option("hold_back_every", "opt_int",
+            "llama.cpp: hold back every Nth token's id as llama.cpp holds a token that leaves "
+            "incomplete UTF-8 (no event; the next event has its text, not its id)"),
 )
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -316,6 +328,7 @@ def config_from_args(
         enable_prefix_caching=values.bool_("enable_prefix_caching"),
         enable_metrics=values.bool_("enable_metrics"),
         metrics=values.bool_("metrics"),
+        hold_back_every=values.opt_int("hold_back_every"),
     )
 
 

@@ -271,13 +271,15 @@ class _Handler(BaseHTTPRequestHandler):
             last = positions[-1]
             done = not cut and last == n - 1
             payload = wire.opening() if index == 0 else b""
-            payload += chunk_frame(
-                wire.token_event(chunk_ids, sent + len(chunk_ids), finish if done else None)
-            )
+            event = wire.token_event(chunk_ids, sent + len(chunk_ids), finish if done else None)
+            # An empty event is a token the dialect holds back: an empty frame would end
+            # the body.
+            payload += chunk_frame(event) if event else b""
             due = due_ns(t_first, last, config.tok_s)
             # Nothing but the wait between the due time and the write: logging follows.
             wait_until(due)
-            self._write(payload)
+            if payload:
+                self._write(payload)
             t_written = time.perf_counter_ns()
             sent += len(chunk_ids)
             with counters.lock:

@@ -107,15 +107,22 @@ class LlamaCppWire:
         self.ex = ex
         self.prompt_n = len(ex.gen.prompt_ids)
         self.with_ids = ex.gen.return_token_ids
+        self.every = ex.config.hold_back_every
+        self.held_text = ""
 
     def opening(self) -> bytes:
         return b""
 
     def token_event(self, ids: Sequence[int], cumulative: int, finish: str | None) -> bytes:
         # The last token travels in a partial like every other; the final event follows.
+        text = "".join(token_text(t) for t in ids)
+        if self.every and cumulative % self.every == 0 and finish is None:
+            self.held_text += text
+            return b""
+        text, self.held_text = self.held_text + text, ""
         return sse_event({
             "index": 0,
-            "content": "".join(token_text(t) for t in ids),
+            "content": text,
             "tokens": list(ids) if self.with_ids else [],
             "stop": False,
             "id_slot": 0,
