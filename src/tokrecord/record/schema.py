@@ -44,6 +44,7 @@ from pydantic_core import ErrorDetails
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import read_json
+from tokrecord.experiment.noise import NoiseDiagnostic
 from tokrecord.experiment.plan import Arm, ArmName
 from tokrecord.experiment.power import PowerReport
 from tokrecord.experiment.stats import (
@@ -571,6 +572,9 @@ class ExperimentRecordV2(_ExperimentCommon):
     model: ModelSection | None = None
     unchanged_record_stack: UnchangedStack | None = None
     prior_recheck: PriorRecheck | None = None
+    # issue 33: where the leg-to-leg variance may come from (diagnosis only); absent from
+    # records sealed before it.
+    noise_diagnostic: NoiseDiagnostic | None = None
 
     def runs_by_name(self) -> dict[str, LegBlock]:
         return self.runs
@@ -665,7 +669,9 @@ AnyRecord = ExperimentRecord | ExperimentRecordV2 | SingleLegRecord
 Record = Annotated[AnyRecord, Field(discriminator="schema_id")]
 RECORD_ADAPTER: TypeAdapter[AnyRecord] = TypeAdapter(Record)
 _RECORD_MODELS: Final = (ExperimentRecord, ExperimentRecordV2, SingleLegRecord)
-_OPTIONAL_KEYS: Final = frozenset({"seal"})  # of the record models only
+# Of the record models only. noise_diagnostic (issue 33) is written only when every leg
+# carries its covariates: a record recomputed from older evidence has none.
+_OPTIONAL_KEYS: Final = frozenset({"seal", "noise_diagnostic"})
 _V1_MODELS: Final = (ExperimentRecord, SingleLegRecord)  # the forms written before the probes
 
 
