@@ -223,6 +223,29 @@ def leg_covariates(run_dir: Path, summary: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _covariates(run_dir: Path, summary: Mapping[str, Any]) -> dict[str, Any]:
+    """tokrecord's own covariates (over the suite window) where this checkout has them;
+    else this module's older whole-leg figures (the first H200 runs' noise-aa.jsonl)."""
+    try:
+        from tokrecord.probes.covariates import covariates_from_run_dir
+    except ImportError:
+        return leg_covariates(run_dir, summary)
+    cov = covariates_from_run_dir(run_dir)
+    return cov.model_dump(mode="json", by_alias=True) if cov is not None else {}
+
+
+def diagnostics(exps: Path, lines: Sequence[Mapping[str, Any]]) -> str:
+    """tokrecord's noise diagnostic of each A/A, one JSON line each, for the README."""
+    out = []
+    for d in lines:
+        diag = _diagnostic(exps / d["experiment"])
+        if diag is not None:
+            out.append(json.dumps({"condition": d["condition"], "arm": d["arm"],
+                                   "diagnostic": diag.model_dump(mode="json", by_alias=True)},
+                                  sort_keys=True))
+    return "".join(line + "\n" for line in out)
+
+
 def summarize(exp: Path, *, condition: str = "", arm: str = "", wall_s: float | None = None
               ) -> dict[str, Any]:
     record = json.loads((exp / "record.json").read_text()) if (exp / "record.json").exists() else {}
@@ -242,7 +265,7 @@ def summarize(exp: Path, *, condition: str = "", arm: str = "", wall_s: float | 
         fig = (s.get("summary") or {}).get("tok_s_out")
         if not fig:
             continue
-        legs.append({"leg": s["name"], "tok_s": fig, **leg_covariates(run_dir, s)})
+        legs.append({"leg": s["name"], "tok_s": fig, **_covariates(run_dir, s)})
     logs = [math.log(x["tok_s"]) for x in legs]
     out: dict[str, Any] = {"condition": condition, "arm": arm, "experiment": exp.name,
                            "legs": legs, "n_legs": len(legs), "wall_s": wall_s}
@@ -274,9 +297,9 @@ def table(lines: Sequence[Mapping[str, Any]]) -> str:
             "[95 % CI] | row sd % |\n|---|---|---|---|---|---|---|\n")
     body = []
     for d in lines:
-        def f(key: str, ci: str, df: str) -> str:
+        def f(key: str, ci: str, df: str, d: Mapping[str, Any] = d) -> str:
             if d.get(key) is None:
-                return "–"
+                return "-"
             lo, hi = d[ci]
             return f"{d[key]:.2f} ({d[df]}) [{lo:.2f}, {hi:.2f}]"
         body.append(f"| {d['condition']} | {d['arm']} | {d['n_legs']} | "
@@ -366,6 +389,63 @@ def tar_experiments(work: Path, out: Path, limit_bytes: int = 15 * 2**20) -> Non
     print("== no tar: the experiments do not fit", flush=True)
 
 
+def sd_ratio_interval(sd_ref: float, df_ref: int, sd: float, df: int,
+                      confidence: float = 0.95) -> tuple[float, float, float]:
+    """sd_ref / sd with its F interval: (ratio, low, high). A cut by 1.5x is shown when
+    the low end is above 1.5."""
+    from scipy.stats import f
+
+    a = (1 - confidence) / 2
+    ratio2 = (sd_ref / sd) ** 2
+    return (math.sqrt(ratio2), math.sqrt(ratio2 / float(f.ppf(1 - a, df_ref, df))),
+            math.sqrt(ratio2 / float(f.ppf(a, df_ref, df))))
+
+
+def analyse(lines: Sequence[Mapping[str, Any]], exps: Path | None) -> str:
+    """The README's table: each A/A's leg sd with its chi-square interval, its ratio to
+    the same arm's baseline with the F interval, and (from the evidence, when given) the
+    covariate that tracks its legs best by tokrecord's own noise diagnostic."""
+    base = {d["arm"]: d for d in lines if d["condition"] == "base"}
+    out = ["| condition | arm | legs | mean tok/s | leg sd % (df) [95 % CI] | baseline / this "
+           "[95 % CI] | sd of leg figures % (df) [95 % CI] | row sd % | best covariate (r) | "
+           "adjacent legs r |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for d in lines:
+        ref = base.get(d["arm"])
+        ratio = "-"
+        if ref is not None and ref is not d and d.get("sd_leg_pct"):
+            r, lo, hi = sd_ratio_interval(ref["sd_leg_pct"], ref["df_leg"], d["sd_leg_pct"],
+                                          d["df_leg"])
+            ratio = f"{r:.2f} [{lo:.2f}, {hi:.2f}]"
+        best, adj = "-", "-"
+        if exps is not None and (exps / d["experiment"]).is_dir():
+            diag = _diagnostic(exps / d["experiment"])
+            if diag is not None and diag.best is not None and diag.best_r is not None:
+                best = f"{diag.best} ({diag.best_r:+.2f})"
+            if diag is not None and diag.adjacent_r is not None:
+                adj = f"{diag.adjacent_r:+.2f}"
+        lo, hi = d["sd_leg_ci"]
+        plo, phi = d["sd_plain_ci"]
+        out.append(f"| {d['condition']} | {d['arm']} | {d['n_legs']} | {d['mean_tok_s']:.0f} | "
+                   f"{d['sd_leg_pct']:.2f} ({d['df_leg']}) [{lo:.2f}, {hi:.2f}] | {ratio} | "
+                   f"{d['sd_plain_pct']:.2f} ({d['df_plain']}) [{plo:.2f}, {phi:.2f}] | "
+                   f"{d['sd_row_pct']:.2f} | {best} | {adj} |")
+    return "\n".join(out) + "\n"
+
+
+def _diagnostic(exp: Path) -> Any:
+    from tokrecord.experiment.noise import noise_diagnostic
+    from tokrecord.probes.covariates import covariates_from_run_dir
+
+    legs = []
+    for line in _jsonl(exp / "experiment.jsonl"):
+        if line.get("event") == "leg_end" and line.get("leg") != "teacher" \
+                and line.get("status") == "complete":
+            run_dir = exp.joinpath(*Path(str(line["run_dir"])).parts[-2:])
+            legs.append((line["leg"], "control", line.get("headline"),
+                         covariates_from_run_dir(run_dir)))
+    return noise_diagnostic(legs) if legs else None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="scripts/gpu_noise.py", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -389,7 +469,18 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--arm", default="")
     tb = sub.add_parser("table", help="noise-aa.jsonl as a markdown table")
     tb.add_argument("jsonl", type=Path)
+    an = sub.add_parser("analyse", help="the README's table from noise-aa.jsonl")
+    an.add_argument("jsonl", type=Path)
+    an.add_argument("--exps", type=Path, default=None,
+                    help="the untarred noise-exps.tar.gz: adds each A/A's best covariate")
+    an.add_argument("--diagnostics", type=Path, default=None,
+                    help="with --exps: write each A/A's noise diagnostic here (JSON lines)")
     args = p.parse_args(argv)
+    if args.cmd == "analyse":
+        if args.diagnostics is not None and args.exps is not None:
+            args.diagnostics.write_text(diagnostics(args.exps, _jsonl(args.jsonl)))
+        sys.stdout.write(analyse(_jsonl(args.jsonl), args.exps))
+        return 0
     if args.cmd == "run":
         return run_all(work=args.work, out=args.out, server=args.server, models=args.models,
                        deadline=args.deadline, only=args.only, notes=args.notes, blocks=args.blocks,
