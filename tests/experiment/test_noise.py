@@ -28,7 +28,7 @@ def test_within_arm_correlation_by_hand() -> None:
     fit = next(f for f in d.covariates if f.name == "gpu_power_w")
     assert fit.r == pytest.approx(-1 / math.sqrt(10))
     assert fit.share_explained == pytest.approx(0.1)
-    assert fit.treatment_can_move and fit.legs == 8
+    assert fit.treatment_can_move and fit.legs == 8 and fit.df == 6
     assert d.best == "gpu_power_w" and d.best_r == pytest.approx(-1 / math.sqrt(10))
     # Deviations from each arm's mean log rate, in %, in run order.
     assert [leg.name for leg in d.legs] == ["A1", "B1", "A2", "B2", "A3", "B3", "A4", "B4"]
@@ -98,3 +98,13 @@ def test_best_line_names_the_covariate_and_says_diagnosis_only() -> None:
     assert line.startswith("best covariate host_cpu_freq_mhz")
     assert "the treatment can move it" not in line  # an external covariate
     assert "diagnosis only, never adjusts the verdict" in line
+
+
+def test_one_block_says_its_r_means_little() -> None:
+    legs = [_leg("A1", "control", 0.0, ready_s=1.0), _leg("B1", "candidate", 0.5, ready_s=2.0),
+            _leg("B2", "candidate", 0.52, ready_s=2.1), _leg("A2", "control", 0.01, ready_s=1.2)]
+    d = noise_diagnostic(legs)
+    # Centred: rates (-.005, +.005), (-.01, +.01); ready (-.1, +.1), (-.05, +.05).
+    # xy = .002, x^2 = .025, y^2 = .00025: r = .002 / .0025 = 0.8.
+    assert d.best == "ready_s" and d.best_r == pytest.approx(0.8)
+    assert "(df 2: too few to mean much)" in best_line(d)

@@ -31,6 +31,9 @@ DIAGNOSIS_ONLY: Final = (
 # same way is an episode.
 EPISODE_LEGS: Final = 2
 EPISODE_SD: Final = 1.0
+# Below this many within-arm df an r is reported with a warning: at df 2 (one ABBA block)
+# |r| > 0.95 happens by chance one time in five (the cosine of two random 2-D vectors).
+FEW_DF: Final = 6
 
 
 class _Frozen(BaseModel):
@@ -51,6 +54,7 @@ class CovariateFit(_Frozen):
     name: str
     description: str
     legs: int  # legs with a value
+    df: int  # legs with a value less their arms: what r is estimated on
     r: float | None  # within-arm Pearson correlation with the leg figure
     share_explained: float | None  # r squared: the share of leg-to-leg variance it explains
     treatment_can_move: bool
@@ -98,14 +102,14 @@ def _fit(name: str, legs: Sequence[NoiseLeg]) -> CovariateFit:
     have = [(leg, v) for leg in legs if leg.covariates is not None
             and (v := leg.covariates.values().get(name)) is not None and math.isfinite(v)]
     r = None
-    if len(have) >= 3:
-        arms = [leg.arm for leg, _ in have]
+    arms = [leg.arm for leg, _ in have]
+    df = len(have) - len(set(arms))
+    # Under two within-arm df leave nothing to correlate.
+    if len(have) >= 3 and df >= 2:
         y = _within([math.log(leg.tok_s) for leg, _ in have], arms)
         x = _within([v for _, v in have], arms)
-        # Fewer than two legs per arm leaves nothing within the arm to correlate.
-        if len(have) - len(set(arms)) >= 2:
-            r = _pearson(x, y)
-    return CovariateFit(name=name, description=COVARIATES[name], legs=len(have), r=r,
+        r = _pearson(x, y)
+    return CovariateFit(name=name, description=COVARIATES[name], legs=len(have), df=df, r=r,
                         share_explained=None if r is None else r * r,
                         treatment_can_move=name not in EXTERNAL)
 
@@ -164,9 +168,11 @@ def best_line(d: NoiseDiagnostic) -> str:
     adj = "" if d.adjacent_r is None else f"; adjacent legs r = {d.adjacent_r:+.2f}"
     eps = f"; {len(d.episodes)} episode(s)" if d.episodes else ""
     moved = "; the treatment can move it" if fit.treatment_can_move else ""
+    few = ": too few to mean much" if fit.df < FEW_DF else ""
     return (f"best covariate {fit.name} ({fit.description}{moved}): r = {d.best_r:+.2f}, "
             f"{100 * (fit.share_explained or 0):.0f} % of the leg-to-leg variance over "
-            f"{fit.legs} legs{adj}{eps}; diagnosis only, never adjusts the verdict")
+            f"{fit.legs} legs (df {fit.df}{few}){adj}{eps}; diagnosis only, never adjusts the "
+            "verdict")
 
 
 def legs_in_order(order: Sequence[str], arms: Mapping[str, str], figures: Mapping[str, float | None],

@@ -109,10 +109,11 @@ def noise_section(d: NoiseDiagnostic | None) -> str:
         r = fmt.DASH if f.r is None else f"{f.r:+.2f}"
         share = fmt.DASH if f.share_explained is None else f"{100 * f.share_explained:.0f} %"
         rows.append(f"<tr><td>{escape(f.description)}</td><td>{escape(f.name)}</td>"
-                    f'<td class="num">{f.legs}</td><td class="num">{r}</td>'
+                    f'<td class="num">{f.legs}</td><td class="num">{f.df}</td>'
+                    f'<td class="num">{r}</td>'
                     f'<td class="num">{share}</td>'
                     f"<td>{'yes' if f.treatment_can_move else 'no'}</td></tr>")
-    table = ("<table><thead><tr><th>covariate</th><th>key</th><th>legs</th><th>r</th>"
+    table = ("<table><thead><tr><th>covariate</th><th>key</th><th>legs</th><th>df</th><th>r</th>"
              "<th>leg variance explained</th><th>can the treatment move it</th></tr></thead>"
              f"<tbody>{''.join(rows)}</tbody></table>")
     adj = (fmt.DASH if d.adjacent_r is None else f"{d.adjacent_r:+.2f} over {d.adjacent_pairs} pairs")
