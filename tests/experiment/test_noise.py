@@ -95,7 +95,7 @@ def test_simulation_share_explained_recovers_the_truth() -> None:
 def test_best_line_names_the_covariate_and_says_diagnosis_only() -> None:
     legs = [_leg(f"A{i}", "control", 0.01 * i, host_cpu_freq_mhz=2000 + i + (i % 2)) for i in range(6)]
     line = best_line(noise_diagnostic(legs))
-    assert line.startswith("best covariate host_cpu_freq_mhz")
+    assert line.startswith("legs track host_cpu_freq_mhz best")
     assert "the treatment can move it" not in line  # an external covariate
     assert "diagnosis only, never adjusts the verdict" in line
 

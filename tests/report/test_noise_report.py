@@ -44,9 +44,9 @@ def test_old_record_reports_covariates_recomputed_from_its_telemetry(h200: Path)
     for devs in by_arm.values():
         assert sum(devs) == pytest.approx(0.0, abs=1e-9)
     text = render_terminal(d, width=200)
-    assert "noise source" in text and "diagnosis only" in text
+    assert "tracks" in text and "diagnosis only" in text
     md = render_markdown(d)
-    assert "**Noise source:** best covariate" in md
+    assert "- **Tracks:** " in md and "diagnosis only" in md
     html = render_html(d)
     assert '<section id="noise">' in html and 'aria-label="leg figures in run order"' in html
     assert html.count("<circle") >= len(noise.legs)

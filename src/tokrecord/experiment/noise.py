@@ -169,7 +169,7 @@ def best_line(d: NoiseDiagnostic) -> str:
     eps = f"; {len(d.episodes)} episode(s)" if d.episodes else ""
     moved = "; the treatment can move it" if fit.treatment_can_move else ""
     few = ": too few to mean much" if fit.df < FEW_DF else ""
-    return (f"best covariate {fit.name} ({fit.description}{moved}): r = {d.best_r:+.2f}, "
+    return (f"legs track {fit.name} best ({fit.description}{moved}): r = {d.best_r:+.2f}, "
             f"{100 * (fit.share_explained or 0):.0f} % of the leg-to-leg variance over "
             f"{fit.legs} legs (df {fit.df}{few}){adj}{eps}; diagnosis only, never adjusts the "
             "verdict")

@@ -268,9 +268,7 @@ def abba_record(
     out["model"] = model_section(plan, facts)
     out["unchanged_record_stack"] = unchanged_stack(plan)
     out["prior_recheck"] = facts.prior_recheck
-    noise = noise_section(plan, results)
-    if noise is not None:
-        out["noise_diagnostic"] = noise
+    out["noise_diagnostic"] = noise_section(plan, results)
     p = out["protocol"]
     p["prefix_history_response_reuse"] = not (p["prompts_unique_per_leg"]
                                               and p["each_prompt_run_once"]

@@ -462,6 +462,8 @@ ADDED_WITH_EVIDENCE: Final = frozenset({
     "prefix_history_response_reuse", "bundle", "patch", "prior_recheck"})
 # Added with crash safety (bench.chaos): the stamps' clock, named in the accounting.
 ADDED_WITH_CRASH_SAFETY: Final = frozenset({"clock"})
+# Added with the noise diagnostic (issue 33): null where a leg carries no covariates.
+ADDED_WITH_NOISE: Final = frozenset({"noise_diagnostic"})
 
 
 class PriorRecheck(_Section):
@@ -669,9 +671,7 @@ AnyRecord = ExperimentRecord | ExperimentRecordV2 | SingleLegRecord
 Record = Annotated[AnyRecord, Field(discriminator="schema_id")]
 RECORD_ADAPTER: TypeAdapter[AnyRecord] = TypeAdapter(Record)
 _RECORD_MODELS: Final = (ExperimentRecord, ExperimentRecordV2, SingleLegRecord)
-# Of the record models only. noise_diagnostic (issue 33) is written only when every leg
-# carries its covariates: a record recomputed from older evidence has none.
-_OPTIONAL_KEYS: Final = frozenset({"seal", "noise_diagnostic"})
+_OPTIONAL_KEYS: Final = frozenset({"seal"})  # of the record models only
 _V1_MODELS: Final = (ExperimentRecord, SingleLegRecord)  # the forms written before the probes
 
 
@@ -693,7 +693,7 @@ def validate_record(obj: Mapping[str, Any], *, source: str = "record",
         raise ConfigError(_describe(source, obj, exc.errors())) from exc
     # The ABBA v1 form is only ever recomputed, never written anew: it has none of the
     # keys added with the engines.
-    added = ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_WITH_CRASH_SAFETY
+    added = ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_WITH_CRASH_SAFETY | ADDED_WITH_NOISE
     later = added if isinstance(record, ExperimentRecord) else frozenset()
     if sealed_before_probes_ok:  # a reader's view of evidence sealed by an older tokrecord
         later = added | (ADDED_LATER if isinstance(record, _V1_MODELS) else later)

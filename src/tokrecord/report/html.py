@@ -496,7 +496,7 @@ def _telemetry(d: ReportData) -> str:
 
 
 def _noise(d: ReportData) -> str:
-    return noise_section(d.noise) if d.noise is not None else ""
+    return noise_section(d.noise)
 
 
 def _gates(d: ReportData) -> str:
