@@ -74,6 +74,7 @@ from tokrecord.metrics.logfacts import (
     merge_extractors,
 )
 from tokrecord.probes import ProbeSet, Snapshot, detect
+from tokrecord.probes.covariates import LegCovariates, leg_covariates
 from tokrecord.probes.hardware import cpu_model, os_name
 from tokrecord.probes.hardware import describe as describe_hardware
 from tokrecord.probes.idle import IdleCriteria, IdleResult, IdleTimeout, wait_idle
@@ -223,6 +224,9 @@ class LegResult(BaseModel):
     engine_version: dict[str, str] | None = None
     # The engine's and the plan's log facts, as found in server.log.
     log_facts: tuple[LogFactValue, ...] = ()
+    # What was going on around the leg (probes.covariates): diagnosis, never a gate.
+    # Absent from summaries written before issue 33.
+    covariates: LegCovariates | None = None
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -313,6 +317,22 @@ def leg_telemetry(records: list[RowRecord], config: LegConfig, summary: LegSumma
     return summarize_telemetry(
         samples, interval_s=config.telemetry.interval_s, window_ns=window,
         output_tokens=sum(r.trace.n_tokens for r in records), headline_tok_s=summary.tok_s_out)
+
+
+def covariates_of(records: list[RowRecord], samples: list[dict[str, Any]],
+                  idle_before: list[dict[str, Any]], ready_s: float | None) -> LegCovariates:
+    """The leg's covariates over the same suite window as its telemetry summary."""
+    window = None
+    if records:
+        window = (min(r.trace.t_send_ns for r in records), max(r.trace.t_end_ns for r in records))
+    first = records[0].metrics.ttft_ms if records else None
+    return leg_covariates(samples, window, idle_before=idle_before, ready_s=ready_s,
+                          first_ttft_ms=first)
+
+
+def idle_snapshots(path: Path) -> list[dict[str, Any]]:
+    """An idle gate's kept snapshots; none when it kept no file."""
+    return read_jsonl(path, skip_torn=True) if path.exists() else []
 
 
 def _idle_gate(run: RunDir, probes: ProbeSet, criteria: IdleCriteria, phase: str,
@@ -549,6 +569,8 @@ def _write_results(run: RunDir, config: LegConfig, st: _LegState,
         gates=tuple(gates), valid=valid, invalid_reasons=tuple(invalid),
         run_dir=str(run.path), engine_name=config.engine_name, engine_version=st.version,
         log_facts=extract_log_facts(server_log, config.extractors),
+        covariates=covariates_of(records, samples, idle_snapshots(run.file("idle-before.jsonl")),
+                                 st.ready_s),
     )
     run.write_json(layout.GATES, {"schema": SCHEMA_GATES, "valid": valid,
                                   "gates": [g.model_dump(mode="json") for g in gates]})

@@ -53,6 +53,15 @@ def energy_delta_uj(previous: int, current: int, max_range_uj: int) -> int:
     return current - previous if current >= previous else current + max_range_uj - previous
 
 
+def cpu_freq_mhz() -> float | None:
+    """The cores' mean current frequency, or None where it cannot be read (VMs, sandboxes)."""
+    try:
+        freq = psutil.cpu_freq()
+    except (OSError, RuntimeError, NotImplementedError, AttributeError):
+        return None
+    return round(float(freq.current), 1) if freq is not None and freq.current > 0 else None
+
+
 class HostProbe:
     name = "host"
 
@@ -127,6 +136,7 @@ class HostProbe:
             mem_total_bytes=vm.total,
             power_w=power,
             energy_j=energy,
+            cpu_freq_mhz=cpu_freq_mhz(),
             busy_processes=self._busy_processes() if self._scan else (),
         )
 

@@ -55,6 +55,9 @@ class HostSample(_Frozen):
     mem_total_bytes: int
     power_w: float | None = None  # RAPL package power, when readable
     energy_j: float | None = None  # RAPL package energy counter (wraps; see host.py)
+    # Mean current frequency over all cores, where the kernel exposes it (not in most VMs):
+    # a covariate of host-bound legs, never a gate.
+    cpu_freq_mhz: float | None = None
     busy_processes: tuple[HostProcess, ...] = ()
 
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout
 from tokrecord.experiment.leg import CLOCK_SOURCE, LegResult, RowRecord
+from tokrecord.experiment.noise import legs_in_order, noise_diagnostic
 from tokrecord.experiment.plan import Design, Plan, abba_pairs, speculative_configs
 from tokrecord.experiment.stats import (
     AnalysisLeg,
@@ -276,6 +277,7 @@ def abba_record(
     out["model"] = model_section(plan, facts)
     out["unchanged_record_stack"] = unchanged_stack(plan)
     out["prior_recheck"] = facts.prior_recheck
+    out["noise_diagnostic"] = noise_section(plan, results)
     p = out["protocol"]
     p["prefix_history_response_reuse"] = not (p["prompts_unique_per_leg"]
                                               and p["each_prompt_run_once"]
@@ -283,6 +285,19 @@ def abba_record(
     out["artifacts"] = {**out["artifacts"], **artifact_entries(facts.documents_sha256)}
     out["reproducibility"] = {**out["reproducibility"], **portable_entries(facts)}
     return out
+
+
+def noise_section(plan: Plan, results: Mapping[str, LegResult]) -> dict[str, Any] | None:
+    """The noise diagnostic (experiment.noise) over the legs in run order; None where a
+    leg carries no covariates (evidence from before issue 33: the report recomputes it)."""
+    order = [name for name, _ in plan.legs if name in results]
+    if not order or any(results[n].covariates is None for n in order):
+        return None
+    diag = noise_diagnostic(legs_in_order(
+        order, {n: results[n].arm for n in order},
+        {n: results[n].summary.tok_s_out for n in order},
+        {n: results[n].covariates for n in order}))
+    return diag.model_dump(mode="json", by_alias=True)
 
 
 def model_section(plan: Plan, facts: EvidenceFacts) -> dict[str, Any]:

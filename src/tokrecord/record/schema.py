@@ -44,6 +44,7 @@ from pydantic_core import ErrorDetails
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import read_json
+from tokrecord.experiment.noise import NoiseDiagnostic
 from tokrecord.experiment.plan import Arm, ArmName
 from tokrecord.experiment.power import PowerReport
 from tokrecord.experiment.stats import (
@@ -467,6 +468,8 @@ ADDED_WITH_CRASH_SAFETY: Final = frozenset({"clock"})
 # Added with leg gates v2 (rows compared by ids wherever complete): how each leg's
 # teacher-exact rows were compared.
 ADDED_WITH_ID_EXACTNESS: Final = frozenset({"teacher_exact_compared_by"})
+# Added with the noise diagnostic (issue 33): null where a leg carries no covariates.
+ADDED_WITH_NOISE: Final = frozenset({"noise_diagnostic"})
 
 
 class PriorRecheck(_Section):
@@ -577,6 +580,9 @@ class ExperimentRecordV2(_ExperimentCommon):
     model: ModelSection | None = None
     unchanged_record_stack: UnchangedStack | None = None
     prior_recheck: PriorRecheck | None = None
+    # issue 33: where the leg-to-leg variance may come from (diagnosis only); absent from
+    # records sealed before it.
+    noise_diagnostic: NoiseDiagnostic | None = None
 
     def runs_by_name(self) -> dict[str, LegBlock]:
         return self.runs
@@ -694,7 +700,7 @@ def validate_record(obj: Mapping[str, Any], *, source: str = "record",
     # The ABBA v1 form is only ever recomputed, never written anew: it has none of the
     # keys added with the engines.
     added = (ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_WITH_CRASH_SAFETY
-             | ADDED_WITH_ID_EXACTNESS)
+             | ADDED_WITH_ID_EXACTNESS | ADDED_WITH_NOISE)
     later = added if isinstance(record, ExperimentRecord) else frozenset()
     if sealed_before_probes_ok:  # a reader's view of evidence sealed by an older tokrecord
         later = added | (ADDED_LATER if isinstance(record, _V1_MODELS) else later)

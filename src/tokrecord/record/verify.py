@@ -32,8 +32,10 @@ from tokrecord.experiment.leg import (
     LegResult,
     RowRecord,
     compute_leg,
+    covariates_of,
     evaluate_gates,
     gates_rule,
+    idle_snapshots,
     leg_telemetry,
 )
 from tokrecord.experiment.plan import Plan
@@ -65,7 +67,9 @@ _ADDED_LATER = (ADDED_LATER | ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_W
                 | ADDED_WITH_ID_EXACTNESS
                 | {"idle_before", "idle_after", "exactness", "model_release_manifest"}
                 # rows v2: the ids around held-back ones (a v1 row has no such key)
-                | {"gapped_token_ids"})
+                | {"gapped_token_ids"}
+                # issue 33: each leg's covariates and the record's noise diagnostic
+                | {"covariates", "noise_diagnostic"})
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -204,6 +208,13 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
                                telemetry.model_dump(mode="json", by_alias=True)
                                if telemetry else None, "telemetry"):
         problems.append(Problem(file=summary_file, field=field, message=message))
+    covariates = None
+    if "covariates" in summary_raw:  # a summary written before issue 33 has none
+        covariates = covariates_of(records, samples, idle_snapshots(run_dir / "idle-before.jsonl"),
+                                   summary_raw.get("ready_seconds"))
+        for field, message in diff(summary_raw["covariates"],
+                                   covariates.model_dump(mode="json", by_alias=True), "covariates"):
+            problems.append(Problem(file=summary_file, field=field, message=message))
     server_log = log.read_text(errors="replace") if log.exists() else ""
     gates = evaluate_gates(
         records, config, engine, cleanup, teacher,
@@ -239,7 +250,7 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
     # The record is recomputed from these figures, not from the files' own claims.
     return problems, result.model_copy(update={
         "run_dir": str(run_dir), "summary": summary, "engine": engine, "gates": tuple(gates),
-        "telemetry": telemetry, "valid": expected_valid})
+        "telemetry": telemetry, "valid": expected_valid, "covariates": covariates})
 
 
 def _leg_dirs(exp_dir: Path) -> dict[str, Path]:

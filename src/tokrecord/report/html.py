@@ -17,6 +17,7 @@ from tokrecord.gates import GateStatus
 
 from . import charts, fmt
 from .model import Analysis, Fact, Kind, LegView, Power, ReportData
+from .noise import noise_section
 from .text import (
     COMPONENT_COLUMNS,
     component_cells,
@@ -40,6 +41,7 @@ SECTIONS = (
     ("speculative", "Speculative"),
     ("components", "Components"),
     ("telemetry", "Telemetry"),
+    ("noise", "Noise"),
     ("gates", "Gates"),
     ("identity", "Identity"),
 )
@@ -488,6 +490,10 @@ def _telemetry(d: ReportData) -> str:
     return f'<section id="telemetry">{"".join(parts)}</section>'
 
 
+def _noise(d: ReportData) -> str:
+    return noise_section(d.noise)
+
+
 def _gates(d: ReportData) -> str:
     parts = ["<h2>Quality gates</h2>"]
     names: list[str] = []
@@ -587,7 +593,7 @@ def render_html(d: ReportData) -> str:
     nav = "".join(f'<a href="#{sid}">{_e(label)}</a>' for sid, label in SECTIONS)
     body = "".join(section(d) for section in (_summary, _legs, _rates, _timeline, _intervals,
                                               _abba, _speculative, _components, _telemetry,
-                                              _gates, _identity))
+                                              _noise, _gates, _identity))
     return (
         "<!doctype html>\n"
         '<html lang="en"><head><meta charset="utf-8">'

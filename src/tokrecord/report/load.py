@@ -30,8 +30,10 @@ from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout, read_json
 from tokrecord.evidence.seal import ADDENDUM_FILE_NAME, MANIFEST_NAME, SIGNATURE_NAME, addenda_dir
 from tokrecord.experiment.leg import LegResult, RowRecord, load_rows
+from tokrecord.experiment.noise import NoiseDiagnostic, legs_in_order, noise_diagnostic
 from tokrecord.identity import Identity
-from tokrecord.record.schema import AnyRecord, load_record
+from tokrecord.probes.covariates import covariates_from_run_dir
+from tokrecord.record.schema import AnyRecord, SingleLegRecord, load_record
 from tokrecord.record.verify import verify_dir
 
 from .derive import (
@@ -246,10 +248,28 @@ def _experiment_report(directory: Path, *, leg: str | None, row: str | None,
     legs = tuple(views.values())
     observer.report_step("per-token timeline, intervals and charts")
     timelines, choice = choose_timeline(legs, rows, leg, row)
-    return experiment_report(
+    report = experiment_report(
         record, legs, title=directory.name, timelines=timelines, timeline_choice=choice,
         identity=_identity_experiment(directory, record), addenda=_addenda(directory),
     )
+    observer.report_step("noise diagnostic")
+    return report.model_copy(update={"noise": _noise(directory, record, plan, legs)})
+
+
+def _noise(directory: Path, record: AnyRecord, plan: list[tuple[str, str | None, float | None]],
+           legs: tuple[LegView, ...]) -> NoiseDiagnostic | None:
+    """The record's noise diagnostic; recomputed from the legs' kept telemetry for a
+    record sealed before it had one."""
+    if isinstance(record, SingleLegRecord):
+        return None
+    recorded = getattr(record, "noise_diagnostic", None)
+    if isinstance(recorded, NoiseDiagnostic):
+        return recorded
+    covs = {name: covariates_from_run_dir(_leg_dir(directory, name, run_dir))
+            for name, run_dir, _ in plan}
+    order = [leg.name for leg in legs]
+    return noise_diagnostic(legs_in_order(order, {leg.name: leg.arm for leg in legs},
+                                          {leg.name: leg.tok_s for leg in legs}, covs))
 
 
 def _leg_report(directory: Path, *, leg: str | None, row: str | None,

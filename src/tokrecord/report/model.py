@@ -15,6 +15,7 @@ from typing import Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from tokrecord.experiment.leg import LegStatus
+from tokrecord.experiment.noise import NoiseDiagnostic
 from tokrecord.gates import GateStatus
 
 SCHEMA_REPORT: Final = "tokrecord.report-data/v1"
@@ -346,6 +347,8 @@ class ReportData(_Frozen):
     # Each leaderboard submission's lifecycle, one line each (tokrecord.submit.lifecycle).
     submissions: tuple[str, ...] = ()
     verification: Verification
+    # issue 33: where the leg-to-leg variance may come from (experiments only).
+    noise: NoiseDiagnostic | None = None
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 

@@ -19,6 +19,7 @@ from tokrecord.gates import GateStatus
 
 from . import fmt
 from .model import Analysis, ComponentView, GateView, Kind, LegView, Power, ReportData
+from .noise import noise_line
 
 _VERDICT_STYLE = {"FASTER": "bold green", "SLOWER": "bold red", "UNDECIDED": "bold yellow",
                   "NO DIFFERENCE": "bold", "VALID": "bold green", "NOT VALID": "bold red",
@@ -111,6 +112,9 @@ def v2_lines(d: ReportData) -> list[tuple[str, str]]:
         if record is not None:
             out.append(("for record", record))
         out.append(("noise", noise_text(d.analysis)))
+        noise = noise_line(d.noise)
+        if noise is not None:
+            out.append(("tracks", noise.removeprefix("legs track ")))
     out.append(("design", fmt.design(d.design, d.blocks)))
     out.append(("power", power_text(d.power) if d.power is not None
                 else "none preregistered (the plan declared no min_effect_pct)"))
