@@ -66,8 +66,23 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out_console = Console()
-err_console = Console(stderr=True)
+
+
+def _pipe_width(stream: Any) -> int | None:
+    """None (the terminal's own width) on a terminal; else wide. rich assumes 80 columns
+    (or $COLUMNS) when output goes to a file or a pipe, and cuts table cells to fit: a
+    headline read `194.…`. Tables do not expand, so a wide width only stops the cutting."""
+    try:
+        if stream.isatty():
+            return None
+    except (AttributeError, ValueError):
+        pass
+    return PIPE_WIDTH
+
+
+PIPE_WIDTH = 200
+out_console = Console(width=_pipe_width(sys.stdout))
+err_console = Console(stderr=True, width=_pipe_width(sys.stderr))
 
 P = ParamSpec("P")
 
@@ -375,16 +390,21 @@ def run_plan(
     ] = None,
     show_log_tail: TailOpt = False,
     offline_prior: Annotated[bool, typer.Option(
-        "--offline-prior", help="Do not recheck the plan's [prior] id on the public API; the "
+        "--offline-prior", help="Do not recheck the plan's \\[prior] id on the public API; the "
         "record then says the prior was not rechecked.")] = False,
     prior_url: Annotated[str | None, typer.Option(
-        help="Leaderboard API the [prior] id is rechecked on (default: $LOCALMAXXING_URL, else "
+        help="Leaderboard API the \\[prior] id is rechecked on (default: $LOCALMAXXING_URL, else "
         "https://localmaxxing.com).")] = None,
+    no_check: Annotated[bool, typer.Option(
+        "--no-check", help="Skip `tokrecord plan check` (each arm's server started to "
+        "readiness) before a new experiment is preregistered.")] = False,
 ) -> None:
-    """Run (or resume) a preregistered experiment and print its result."""
+    """Run (or resume) a preregistered experiment and print its result. A new one is
+    first checked as `tokrecord plan check` does: nothing is written if that fails."""
 
     plan = load_plan(plan_path)
     exp_dir = out or default_experiment_dir(plan)
+    _check_new_plan(plan, plan_path, exp_dir, no_check)
     prior_check = None
     if plan.prior.id is not None:
         target = make_target("localmaxxing", prior_url)
@@ -393,6 +413,14 @@ def run_plan(
         finally:
             target.close()
     _execute_plan(plan, exp_dir, plan_path.read_bytes(), show_log_tail, prior_check)
+
+
+def _check_new_plan(plan: Plan, plan_path: Path, exp_dir: Path, skip: bool) -> None:
+    # A resume keeps its preregistered plan; a check then would change nothing.
+    if skip or (exp_dir / "plan.sha256").exists():
+        return
+    from .plan import run_plan_check
+    run_plan_check(plan, str(plan_path))
 
 
 DemoEngineOpt = Annotated[str, typer.Option(
@@ -585,10 +613,24 @@ def lint(
 @_guard
 def build_model(
     cache_dir: Annotated[Path | None, typer.Option(help="Where models are cached.")] = None,
+    gguf: Annotated[bool, typer.Option(
+        "--gguf", help="Print the GGUF file llama.cpp loads (`-m`), not the model directory.")
+    ] = False,
+    target: Annotated[bool, typer.Option(
+        "--target", help="With --gguf: the 16-layer speculation target `make demo` uses, not "
+        "the 4-layer demo model.")] = False,
 ) -> None:
-    """Build (or find) the deterministic demo model and print its directory."""
+    """Build (or find) the deterministic demo model and print its directory, or with
+    --gguf the path of its GGUF file (what a llama.cpp plan's server.model names)."""
 
-    out_console.print(str(build_demo_model(cache_dir or embedded.cache_root() / "models")))
+    models = cache_dir or embedded.cache_root() / "models"
+    if target and not gguf:
+        raise ConfigError("--target is the GGUF target: give --gguf --target")
+    if gguf:
+        path = build_demo_target_gguf(models) if target else build_demo_gguf(models)
+        out_console.print(str(path), soft_wrap=True)
+        return
+    out_console.print(str(build_demo_model(models)), soft_wrap=True)
 
 
 @app.command()
@@ -642,6 +684,7 @@ from . import plan as _plan  # noqa: E402,F401
 from . import probe as _probe  # noqa: E402,F401
 from . import reaccount as _reaccount  # noqa: E402,F401
 from . import report as _report  # noqa: E402
+from . import runs as _runs  # noqa: E402,F401
 from . import submit as _submit  # noqa: E402,F401
 
 if __name__ == "__main__":
