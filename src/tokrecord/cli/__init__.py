@@ -241,6 +241,18 @@ def _execute(config: LegConfig, out: Path, *, teacher: Teacher | None = None,
     return result
 
 
+INVALID_LEG_EXIT = 3  # README "Exit codes": a leg that is not valid, whatever the command
+
+
+def _exit_if_invalid(results: dict[str, LegResult]) -> None:
+    """Exit 3 after everything is written and printed when a leg is not valid."""
+    invalid = [name for name, r in results.items() if not r.valid]
+    if invalid:
+        err_console.print(Text(f"exit {INVALID_LEG_EXIT}: not valid: {', '.join(invalid)} "
+                               "(the gates above say why)"))
+        raise typer.Exit(INVALID_LEG_EXIT)
+
+
 def _seal_run(run_dir: Path) -> None:
 
     key = load_or_create_key()
@@ -282,9 +294,9 @@ def leg(
     run_dir = out or _default_out("leg")
     result = _execute(leg_config, run_dir, teacher=loaded, show_log_tail=show_log_tail)
     _seal_run(run_dir)
-    # A failed gate is a verdict scripts must see; "not tested" (no teacher) is not.
-    if any(g.status.value == "fail" for g in result.gates):
-        raise typer.Exit(3)
+    # A failed gate is a verdict scripts must see; "not tested" (no teacher) is not,
+    # unless the gate was required (then the leg is not valid).
+    _exit_if_invalid({result.name: result})
 
 
 @app.command("teacher")
@@ -309,11 +321,12 @@ def teacher_cmd(
     target = teacher_out or run_dir.parent / f"{run_dir.name}.teacher.json"
     if target.exists():
         raise ConfigError(f"teacher file {target} already exists; a teacher is never replaced")
-    _execute(leg_config, run_dir, show_log_tail=show_log_tail)
+    result = _execute(leg_config, run_dir, show_log_tail=show_log_tail)
     captured = teacher_from_run(run_dir, leg_config, model_manifest=None)
     write_teacher(target, captured)
     _seal_run(run_dir)
     out_console.print(f"teacher: {target} ({len(captured.rows)} rows, sha256 {captured.sha256})")
+    _exit_if_invalid({leg_config.name: result})
 
 
 class _PriorCheckObserver(RichExperimentObserver):
@@ -351,7 +364,8 @@ def _prior_text(observation: dict[str, Any]) -> str:
 
 def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None,
                   show_log_tail: bool = False,
-                  prior_check: dict[str, Any] | None = None) -> dict[str, Any]:
+                  prior_check: dict[str, Any] | None = None
+                  ) -> tuple[dict[str, Any], dict[str, LegResult]]:
     err_console.print(
         f"[bold]experiment[/] {plan.name} ({plan.design.value}), plan sha256 {plan.sha256[:16]}… "
         f"preregistered in {exp_dir}"
@@ -377,7 +391,7 @@ def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None,
         print_experiment(out_console, record, path)
     out_console.print(f"sealed and signed (key {key.fingerprint}); check it with: "
                       f"tokrecord verify {exp_dir}", soft_wrap=True)
-    return record
+    return record, results
 
 
 @app.command("run")
@@ -412,7 +426,8 @@ def run_plan(
             prior_check = recheck_prior(plan, exp_dir, target, offline_prior)
         finally:
             target.close()
-    _execute_plan(plan, exp_dir, plan_path.read_bytes(), show_log_tail, prior_check)
+    _, results = _execute_plan(plan, exp_dir, plan_path.read_bytes(), show_log_tail, prior_check)
+    _exit_if_invalid(results)
 
 
 def _check_new_plan(plan: Plan, plan_path: Path, exp_dir: Path, skip: bool) -> None:
@@ -482,12 +497,13 @@ def demo(
         "it cannot pass", soft_wrap=True
     )
     exp_dir = out or _default_out("demo")
-    record = _execute_plan(plan, exp_dir, None, show_log_tail)
+    record, results = _execute_plan(plan, exp_dir, None, show_log_tail)
     if chosen is EngineName.LLAMA_CPP and record.get("verdict_analysis"):
         analysis = VerdictAnalysis.model_validate(record["verdict_analysis"])
         for line in claim_lines(analysis, detectable):
             out_console.print(escape(line), soft_wrap=True)
     _report.write_report(exp_dir, print_summary=False)
+    _exit_if_invalid(results)
 
 
 def _dim_logger() -> Callable[[str], None]:

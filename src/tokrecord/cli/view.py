@@ -17,6 +17,7 @@ from tokrecord.errors import ConfigError
 from tokrecord.experiment.leg import LegResult, RowRecord
 from tokrecord.experiment.stats import RecordGate
 from tokrecord.gates import GateStatus
+from tokrecord.metrics.rows import ROW_FLAGS
 from tokrecord.probes import Snapshot
 from tokrecord.probes.idle import IdleCriteria, IdleResult
 from tokrecord.record.schema import (
@@ -59,6 +60,7 @@ class RichLegObserver:
         self._total = 0
         self._row_id = ""
         self._next_update = 0
+        self._explained: set[str] = set()
 
     def server_starting(self, argv: list[str], log_path: Path) -> None:
         self._log_path = log_path
@@ -105,6 +107,8 @@ class RichLegObserver:
             f"{m.n_tokens:>4} tok ttft {fmt(m.ttft_ms, 1):>7} ms "
             f"{fmt(m.rate_conventional, 1):>9} tok/s {record.trace.finish_reason}{flags}"
         )
+        for line in flag_notes(m.flags, self._explained):
+            self.console.print(f"[dim]{escape(line)}[/]")
 
     def server_stopped(self, cleanup: CleanupReport) -> None:
         if self._live:
@@ -140,6 +144,16 @@ class RichLegObserver:
         else:
             self.console.print(f"idle gate ({result.phase}): [red]NOT IDLE[/] after "
                                f"{result.seconds:.1f} s: {escape(result.reason or '')}")
+
+
+UNKNOWN_FLAG = "a row flag (README: Metrics)"
+
+
+def flag_notes(flags: tuple[str, ...], explained: set[str]) -> list[str]:
+    """One line for each row flag not explained yet (explained is updated)."""
+    new = [f for f in flags if f not in explained]
+    explained.update(new)
+    return [f"       {f}: {ROW_FLAGS.get(f, UNKNOWN_FLAG)}" for f in new]
 
 
 def summary_table(result: LegResult) -> Table:
