@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import os
 import shlex
 import signal
 import sys
@@ -70,15 +71,17 @@ app = typer.Typer(
 
 
 def _pipe_width(stream: Any) -> int | None:
-    """None (the terminal's own width) on a terminal; else wide. rich assumes 80 columns
-    (or $COLUMNS) when output goes to a file or a pipe, and cuts table cells to fit: a
-    headline read `194.…`. Tables do not expand, so a wide width only stops the cutting."""
+    """None (the terminal's own width) on a terminal; else $COLUMNS when it is set, else
+    wide. rich assumes 80 columns when output goes to a file or a pipe, and cuts table
+    cells to fit: a headline read `194.…`. Tables do not expand, so a wide width only
+    stops the cutting."""
     try:
         if stream.isatty():
             return None
     except (AttributeError, ValueError):
         pass
-    return PIPE_WIDTH
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH
 
 
 PIPE_WIDTH = 200
