@@ -12,6 +12,7 @@ from tokrecord.cli.view import flag_notes
 from tokrecord.demo.gguf import build_demo_gguf
 from tokrecord.engines import EngineName, infer_engine
 from tokrecord.experiment.plan import load_plan, plan_engine, speculative_configs
+from tokrecord.report.browser import CHROMIUM_HINT
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "llamacpp" / "ngram-vs-plain.toml"
@@ -70,3 +71,17 @@ required = true
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "exit 3: not valid: B1, B2" in proc.stderr
     assert "sealed and signed" in proc.stdout  # everything was written first
+
+
+def test_the_fake_servers_dialect_is_its_engine_however_it_is_started() -> None:
+    assert infer_engine(["tokrecord", "fake-server", "--dialect", "llama.cpp"]) is \
+        EngineName.LLAMA_CPP
+    assert infer_engine([sys.executable, "-m", "tokrecord.server.fake", "--dialect=sglang"]) is \
+        EngineName.SGLANG
+    assert infer_engine(["/venv/bin/tokrecord", "fake-server", "--port", "{port}"]) is \
+        EngineName.VLLM
+
+
+def test_the_chromium_hint_works_without_a_clone() -> None:
+    assert "apt-get install -y chromium" in CHROMIUM_HINT
+    assert "TOKRECORD_CHROMIUM" in CHROMIUM_HINT
