@@ -22,7 +22,7 @@ def _experiment(root: Path, dirname: str, name: str, utc: str, *, done: int = 0,
     events = [{"event": "preregistered", "name": name, "plan_sha256": dirname, "utc": utc,
                "legs": ["A1", "B1", "B2", "A2"]}]
     events += [{"event": "leg_end", "leg": leg, "status": "complete", "utc": utc}
-               for leg in ["A1", "B1", "B2", "A2"][:done]]
+               for leg in ["teacher", "A1", "B1", "B2", "A2"][:done + 1 if done else 0]]
     (d / "experiment.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     if sealed:
         (d / "manifest.sig.json").write_text("{}")

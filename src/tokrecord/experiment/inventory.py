@@ -66,8 +66,9 @@ def _read(exp_dir: Path) -> tuple[str, str, int, int, str, str, bool] | None:
     first = next((e for e in events if e.get("event") == "preregistered"), None)
     if first is None:
         return None
-    done = {e.get("leg") for e in events
-            if e.get("event") == "leg_end" and e.get("status") == "complete"}
+    planned = set(first.get("legs") or ())  # the teacher leg is not one of them
+    done = {e.get("leg") for e in events if e.get("event") == "leg_end"
+            and e.get("status") == "complete" and e.get("leg") in planned}
     complete = (exp_dir / SIGNATURE_NAME).exists() or any(
         e.get("event") == "complete" for e in events)
     return (str(first.get("name")), str(first.get("plan_sha256")), len(done),
