@@ -85,3 +85,20 @@ def test_the_fake_servers_dialect_is_its_engine_however_it_is_started() -> None:
 def test_the_chromium_hint_works_without_a_clone() -> None:
     assert "apt-get install -y chromium" in CHROMIUM_HINT
     assert "TOKRECORD_CHROMIUM" in CHROMIUM_HINT
+
+
+def test_a_narrow_console_wraps_the_legs_table_and_cuts_no_figure() -> None:
+    import io
+    import json
+
+    from rich.console import Console
+
+    from paths import FIXTURES
+    from tokrecord.cli.view import print_experiment
+
+    record = json.loads((FIXTURES / "report" / "demo" / "record.json").read_text())
+    buf = io.StringIO()
+    print_experiment(Console(file=buf, width=80, color_system=None), record, Path("record.json"))
+    legs = buf.getvalue().split("quality gates per leg")[0]
+    assert "…" not in legs
+    assert "208.7" in legs  # B1's headline, whole (folded if need be)

@@ -65,7 +65,8 @@ def test_runs_command_lists(tmp_path: Path) -> None:
     _experiment(tmp_path / "tokrecord-runs", "p-aaa", "p", "2026-12-01T10:00:00Z", done=1)
     _experiment(tmp_path / "tokrecord-runs", "p-bbb", "p", "2026-12-01T11:00:00Z")
     proc = subprocess.run([sys.executable, "-m", "tokrecord", "runs"], capture_output=True,
-                          text=True, cwd=tmp_path, timeout=60)
+                          text=True, cwd=tmp_path, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert "abandoned (superseded by p-bbb)" in lines[1] and "1/4" in lines[1]

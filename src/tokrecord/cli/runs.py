@@ -41,7 +41,7 @@ def runs_cmd(
         return
     table = Table(box=None, padding=(0, 1))
     for column in ("experiment", "status", "legs", "started (UTC)", "next"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # a narrow terminal wraps, never cuts
     for e in entries:
         status = e.status.value + (f" (superseded by {e.superseded_by.name})"
                                    if e.superseded_by else "")

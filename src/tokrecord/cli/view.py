@@ -331,7 +331,9 @@ def _runs_table(record: AbbaRecord, legs: list[str]) -> Table:
     runs = Table(title=f"experiment {record.experiment} — legs{what}", box=None, padding=(0, 1))
     for col in ("leg", "arm", "tok/s", "p10", "TTFT ms", "cycle ms", "acc.", "exact", "W",
                 "J/tok", "idle", "valid"):
-        runs.add_column(col, justify="right" if col not in ("leg", "arm") else "left")
+        # fold: a narrow console wraps a figure rather than cutting it to "194.…"
+        runs.add_column(col, justify="right" if col not in ("leg", "arm") else "left",
+                        overflow="fold")
     for name in legs:
         leg = record.runs_by_name()[name]
         tel = leg.telemetry
