@@ -72,6 +72,7 @@ td.r,th.r{text-align:right;font-variant-numeric:tabular-nums}
 .verdict-FASTER{color:var(--pass)}.verdict-SLOWER{color:var(--fail)}
 .verdict-UNDECIDED{color:var(--warn)}.verdict-NO.DIFFERENCE{color:var(--muted)}
 .note{color:var(--muted);font-size:13px}
+.gate-why{display:block;white-space:normal}
 .warn{border-left:3px solid var(--warn);background:#fffbeb;padding:6px 10px;margin:6px 0;font-size:13px}
 svg.chart{display:block;width:100%;height:auto;margin:6px 0 12px;font-family:inherit}
 details{margin:4px 0}summary{cursor:pointer}
@@ -515,7 +516,7 @@ def _attempt_valid(leg: str, valid: bool | None) -> str:
 def _gate_name(name: str) -> str:
     line = gate_explained(name)
     label = _e(fmt.gate_label(name))
-    return f'{label}<br><span class="note">{_e(line)}</span>' if line else label
+    return f'{label}<span class="note gate-why">{_e(line)}</span>' if line else label
 
 
 def _explained(name: str) -> str:
