@@ -100,3 +100,18 @@ def test_plan_check_command_passes_and_reports(tmp_path: Path) -> None:
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "plan check passed: program and files exist" in proc.stdout
+
+
+def test_llama_server_resolves_beside_tokrecord_without_path() -> None:
+    from tokrecord.experiment.runner import engine_python
+    from tokrecord.server import xllamacpp
+    from tokrecord.server.process import resolve_program
+
+    ours = Path(sys.executable).parent / "llama-server"  # installed by make setup
+    assert resolve_program("llama-server", path="/nonexistent") == str(ours)
+    assert xllamacpp.is_console_script(str(ours))
+    assert not xllamacpp.is_console_script("/usr/bin/true")
+    assert resolve_program("no-such-program-35", path="/nonexistent") is None
+    # Identity reads the engine's runtime lock from the python the console script runs.
+    plan = parse_plan(_plan(), "p.toml")
+    assert engine_python(plan) == xllamacpp.engine_python()
