@@ -31,7 +31,9 @@ def test_leg_against_fake_prints_summary(tmp_path: Path) -> None:
     out = tmp_path / "leg"
     proc = run("leg", "--server-cmd", FAKE_CMD + " --tok-s 2000 --ttft-ms 10", "--model", "m",
                "--rows", "2", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
+    # No teacher: exactness is not tested, so the leg is not valid (exit 3, README "Exit codes").
+    assert proc.returncode == 3, proc.stderr
+    assert "exit 3: not valid: leg" in proc.stderr
     assert "tok_s_out" in proc.stdout and "conventional" in proc.stdout
     assert "  2/2 " in proc.stderr and "server ready" in proc.stderr
     summary = json.loads((out / "summary.json").read_text())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import os
 import shlex
 import signal
 import sys
@@ -46,6 +47,7 @@ from tokrecord.experiment.runner import (
     run_experiment,
 )
 from tokrecord.experiment.stats import VerdictAnalysis
+from tokrecord.gates import GateResult
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.metrics import Convention
 from tokrecord.record.build import build_record, finish
@@ -66,8 +68,25 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out_console = Console()
-err_console = Console(stderr=True)
+
+
+def _pipe_width(stream: Any) -> int | None:
+    """None (the terminal's own width) on a terminal; else $COLUMNS when it is set, else
+    wide. rich assumes 80 columns when output goes to a file or a pipe, and cuts table
+    cells to fit: a headline read `194.…`. Tables do not expand, so a wide width only
+    stops the cutting."""
+    try:
+        if stream.isatty():
+            return None
+    except (AttributeError, ValueError):
+        pass
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH
+
+
+PIPE_WIDTH = 200
+out_console = Console(width=_pipe_width(sys.stdout))
+err_console = Console(stderr=True, width=_pipe_width(sys.stderr))
 
 P = ParamSpec("P")
 
@@ -226,6 +245,23 @@ def _execute(config: LegConfig, out: Path, *, teacher: Teacher | None = None,
     return result
 
 
+INVALID_LEG_EXIT = 3  # README "Exit codes": a leg that is not valid, whatever the command
+
+
+def _exit_if_invalid(results: dict[str, LegResult], *, teacher: bool = False) -> None:
+    """Exit 3 after everything is written and printed when a leg is not valid. A teacher
+    is the reference outputs: exactness against a teacher is not asked of it."""
+    def blocks(g: GateResult) -> bool:
+        return g.blocks_validity and not (teacher and g.name == "teacher_exact")
+
+    invalid = [name for name, r in results.items() if not r.valid and (
+        not teacher or r.status != "complete" or any(blocks(g) for g in r.gates))]
+    if invalid:
+        err_console.print(Text(f"exit {INVALID_LEG_EXIT}: not valid: {', '.join(invalid)} "
+                               "(the gates above say why)"))
+        raise typer.Exit(INVALID_LEG_EXIT)
+
+
 def _seal_run(run_dir: Path) -> None:
 
     key = load_or_create_key()
@@ -267,9 +303,9 @@ def leg(
     run_dir = out or _default_out("leg")
     result = _execute(leg_config, run_dir, teacher=loaded, show_log_tail=show_log_tail)
     _seal_run(run_dir)
-    # A failed gate is a verdict scripts must see; "not tested" (no teacher) is not.
-    if any(g.status.value == "fail" for g in result.gates):
-        raise typer.Exit(3)
+    # A failed gate is a verdict scripts must see; "not tested" (no teacher) is not,
+    # unless the gate was required (then the leg is not valid).
+    _exit_if_invalid({result.name: result})
 
 
 @app.command("teacher")
@@ -294,11 +330,12 @@ def teacher_cmd(
     target = teacher_out or run_dir.parent / f"{run_dir.name}.teacher.json"
     if target.exists():
         raise ConfigError(f"teacher file {target} already exists; a teacher is never replaced")
-    _execute(leg_config, run_dir, show_log_tail=show_log_tail)
+    result = _execute(leg_config, run_dir, show_log_tail=show_log_tail)
     captured = teacher_from_run(run_dir, leg_config, model_manifest=None)
     write_teacher(target, captured)
     _seal_run(run_dir)
     out_console.print(f"teacher: {target} ({len(captured.rows)} rows, sha256 {captured.sha256})")
+    _exit_if_invalid({leg_config.name: result}, teacher=True)
 
 
 class _PriorCheckObserver(RichExperimentObserver):
@@ -336,7 +373,8 @@ def _prior_text(observation: dict[str, Any]) -> str:
 
 def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None,
                   show_log_tail: bool = False,
-                  prior_check: dict[str, Any] | None = None) -> dict[str, Any]:
+                  prior_check: dict[str, Any] | None = None
+                  ) -> tuple[dict[str, Any], dict[str, LegResult]]:
     err_console.print(
         f"[bold]experiment[/] {plan.name} ({plan.design.value}), plan sha256 {plan.sha256[:16]}… "
         f"preregistered in {exp_dir}"
@@ -362,7 +400,7 @@ def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None,
         print_experiment(out_console, record, path)
     out_console.print(f"sealed and signed (key {key.fingerprint}); check it with: "
                       f"tokrecord verify {exp_dir}", soft_wrap=True)
-    return record
+    return record, results
 
 
 @app.command("run")
@@ -375,16 +413,21 @@ def run_plan(
     ] = None,
     show_log_tail: TailOpt = False,
     offline_prior: Annotated[bool, typer.Option(
-        "--offline-prior", help="Do not recheck the plan's [prior] id on the public API; the "
+        "--offline-prior", help="Do not recheck the plan's \\[prior] id on the public API; the "
         "record then says the prior was not rechecked.")] = False,
     prior_url: Annotated[str | None, typer.Option(
-        help="Leaderboard API the [prior] id is rechecked on (default: $LOCALMAXXING_URL, else "
+        help="Leaderboard API the \\[prior] id is rechecked on (default: $LOCALMAXXING_URL, else "
         "https://localmaxxing.com).")] = None,
+    no_check: Annotated[bool, typer.Option(
+        "--no-check", help="Skip `tokrecord plan check` (each arm's server started to "
+        "readiness) before a new experiment is preregistered.")] = False,
 ) -> None:
-    """Run (or resume) a preregistered experiment and print its result."""
+    """Run (or resume) a preregistered experiment and print its result. A new one is
+    first checked as `tokrecord plan check` does: nothing is written if that fails."""
 
     plan = load_plan(plan_path)
     exp_dir = out or default_experiment_dir(plan)
+    _check_new_plan(plan, plan_path, exp_dir, no_check)
     prior_check = None
     if plan.prior.id is not None:
         target = make_target("localmaxxing", prior_url)
@@ -392,7 +435,16 @@ def run_plan(
             prior_check = recheck_prior(plan, exp_dir, target, offline_prior)
         finally:
             target.close()
-    _execute_plan(plan, exp_dir, plan_path.read_bytes(), show_log_tail, prior_check)
+    _, results = _execute_plan(plan, exp_dir, plan_path.read_bytes(), show_log_tail, prior_check)
+    _exit_if_invalid(results)
+
+
+def _check_new_plan(plan: Plan, plan_path: Path, exp_dir: Path, skip: bool) -> None:
+    # A resume keeps its preregistered plan; a check then would change nothing.
+    if skip or (exp_dir / "plan.sha256").exists():
+        return
+    from .plan import run_plan_check
+    run_plan_check(plan, str(plan_path))
 
 
 DemoEngineOpt = Annotated[str, typer.Option(
@@ -454,12 +506,13 @@ def demo(
         "it cannot pass", soft_wrap=True
     )
     exp_dir = out or _default_out("demo")
-    record = _execute_plan(plan, exp_dir, None, show_log_tail)
+    record, results = _execute_plan(plan, exp_dir, None, show_log_tail)
     if chosen is EngineName.LLAMA_CPP and record.get("verdict_analysis"):
         analysis = VerdictAnalysis.model_validate(record["verdict_analysis"])
         for line in claim_lines(analysis, detectable):
             out_console.print(escape(line), soft_wrap=True)
     _report.write_report(exp_dir, print_summary=False)
+    _exit_if_invalid(results)
 
 
 def _dim_logger() -> Callable[[str], None]:
@@ -585,10 +638,24 @@ def lint(
 @_guard
 def build_model(
     cache_dir: Annotated[Path | None, typer.Option(help="Where models are cached.")] = None,
+    gguf: Annotated[bool, typer.Option(
+        "--gguf", help="Print the GGUF file llama.cpp loads (`-m`), not the model directory.")
+    ] = False,
+    target: Annotated[bool, typer.Option(
+        "--target", help="With --gguf: the 16-layer speculation target `make demo` uses, not "
+        "the 4-layer demo model.")] = False,
 ) -> None:
-    """Build (or find) the deterministic demo model and print its directory."""
+    """Build (or find) the deterministic demo model and print its directory, or with
+    --gguf the path of its GGUF file (what a llama.cpp plan's server.model names)."""
 
-    out_console.print(str(build_demo_model(cache_dir or embedded.cache_root() / "models")))
+    models = cache_dir or embedded.cache_root() / "models"
+    if target and not gguf:
+        raise ConfigError("--target is the GGUF target: give --gguf --target")
+    if gguf:
+        path = build_demo_target_gguf(models) if target else build_demo_gguf(models)
+        out_console.print(str(path), soft_wrap=True)
+        return
+    out_console.print(str(build_demo_model(models)), soft_wrap=True)
 
 
 @app.command()
@@ -642,6 +709,7 @@ from . import plan as _plan  # noqa: E402,F401
 from . import probe as _probe  # noqa: E402,F401
 from . import reaccount as _reaccount  # noqa: E402,F401
 from . import report as _report  # noqa: E402
+from . import runs as _runs  # noqa: E402,F401
 from . import submit as _submit  # noqa: E402,F401
 
 if __name__ == "__main__":

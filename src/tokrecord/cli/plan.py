@@ -1,20 +1,29 @@
-"""`tokrecord plan power`: how likely a plan is to say FASTER, before it is preregistered."""
+"""`tokrecord plan power` and `plan check`: a plan looked at before it is preregistered."""
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from tokrecord.experiment.plan import load_plan
+from tokrecord.errors import ConfigError
+from tokrecord.experiment.check import ArmStart, check_plan
+from tokrecord.experiment.plan import Plan, load_plan
 from tokrecord.experiment.power import check_powerable, plan_noise, power_report
 from tokrecord.experiment.runner import plan_suite
 
-from . import _guard, app, out_console
+from . import _guard, app, err_console, out_console
+
+
+class PlanCheckError(ConfigError):
+    """A plan whose program, files or servers are not usable (exit 2, like any bad input)."""
+
 
 plan_app = typer.Typer(help="Look at a plan before it is run.", no_args_is_help=True)
 app.add_typer(plan_app, name="plan")
@@ -37,7 +46,7 @@ def power_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """The power of PLAN for +1/2/3/5 % (and its min_effect_pct), and the blocks needed
-    for 90 %. Noise comes from --from, else --sd-leg/--sd-row, else the plan's [noise]."""
+    for 90 %. Noise comes from --from, else --sd-leg/--sd-row, else the plan's \\[noise]."""
     plan = load_plan(plan_path)
     check_powerable(plan)
     noise = plan_noise(plan, str(plan_path), records or (), sd_leg, sd_row)
@@ -70,3 +79,42 @@ def power_cmd(
             f"{100 * report.min_effect_power:.0f} % of the time; "
             f"{'blocks = ' + str(need) if need else 'more than 50 blocks'} would reach "
             f"{100 * report.target_power:g} %")
+
+
+class _CheckView:
+    """Narrates each arm's start, as a leg does."""
+
+    def arm_starting(self, arm: str, argv: list[str]) -> None:
+        err_console.print(Text(f"plan check: starting the {arm} arm's server to readiness "
+                               f"(no generation): {shlex.join(argv)}"), soft_wrap=True)
+
+    def arm_done(self, start: ArmStart) -> None:
+        if start.problem is None:
+            err_console.print(f"plan check: {start.arm}: ready in {start.ready_s:.1f} s, stopped")
+
+
+def run_plan_check(plan: Plan, source: str, *, start_servers: bool = True) -> None:
+    """Raise ConfigError listing every problem; used by `plan check` and by `run`."""
+    result = check_plan(plan, start_servers=start_servers, observer=_CheckView())
+    if not result.passed:
+        raise PlanCheckError("\n".join(p.text(source) for p in result.problems)
+                             + f"\n{source}: the plan check failed; nothing was written under "
+                             "tokrecord-runs/")
+
+
+@plan_app.command("check")
+@_guard
+def check_cmd(
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="Plan file (TOML).")],
+    no_start: Annotated[bool, typer.Option(
+        "--no-start", help="Only check that the program and files exist; start no server.")
+    ] = False,
+) -> None:
+    """Check PLAN before it is run: its program resolves, its model, draft and component
+    files exist, and each arm's server starts to readiness (no generation) and stops.
+    `tokrecord run` does this before it preregisters anything."""
+    plan = load_plan(plan_path)
+    run_plan_check(plan, str(plan_path), start_servers=not no_start)
+    what = "program and files exist" if no_start else (
+        f"program and files exist; {len(plan.arms)} arm(s) started to readiness and stopped")
+    out_console.print(Text(f"{plan_path}: plan check passed: {what}"), soft_wrap=True)

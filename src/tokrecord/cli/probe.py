@@ -67,7 +67,7 @@ def probe(
 ) -> None:
     """Snapshot the host and every accelerator found (NVML, xpu-smi, amd-smi/rocm-smi).
 
-    Each snapshot is judged against the idle criteria a plan's [idle] section declares:
+    Each snapshot is judged against the idle criteria a plan's \\[idle] section declares:
     interval_s, consecutive, timeout_s, host_cpu_max_pct, host_busy_processes_max,
     device_util_max_pct, device_mem_used_max_mib, device_power_max_w, device_processes_max.
     """

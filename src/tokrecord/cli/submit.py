@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tokrecord.submit import PayloadOptions, SubmitError, key_from_env, make_target
+from tokrecord.submit.cautions import record_cautions
 from tokrecord.submit.flow import (
     Bounds,
     Checked,
@@ -32,17 +33,49 @@ def _notify(message: str) -> None:
     err_console.print(Text(message, style="dim"))
 
 
+# A value longer than this is cut in the terminal (samples run to thousands of
+# characters); the queue file holds every byte that would be sent.
+CELL_CHARS = 160
+
+
+def _cell(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = text.replace("\n", "\\n")
+    if len(text) <= CELL_CHARS:
+        return text
+    return f"{text[:CELL_CHARS]}… ({len(text):,} characters; all of it in the queue file)"
+
+
 def _payload_table(payload: dict[str, Any]) -> Table:
-    table = Table(title="payload", show_header=True, header_style="bold")
+    table = Table(title="payload (long values cut; the queue file has them whole)",
+                  show_header=True, header_style="bold")
     table.add_column("field")
     table.add_column("value", overflow="fold")
     for key, value in payload.items():
         if isinstance(value, dict):
             for sub, inner in value.items():
-                table.add_row(f"{key}.{sub}", str(inner))
+                table.add_row(f"{key}.{sub}", _cell(inner))
         elif key != "notes":
-            table.add_row(key, str(value))
+            table.add_row(key, _cell(value))
     return table
+
+
+def _print_status_first(result: DryRunResult) -> None:
+    """What decides whether to send, before the payload: the record, the service's
+    verification, and the cautions."""
+    facts = result.prepared.facts
+    out_console.print(Text(f"record: {facts.record_dir}: verified locally (every file matches "
+                           f"its seal); status {facts.record.status}; headline leg {facts.leg}"))
+    v = result.verification
+    if v is not None:
+        n = len(v.issues)
+        out_console.print(Text(f"verification: {'verified' if v.verified else 'NOT verified'}"
+                               + (f" ({n} issue{'s' if n != 1 else ''})" if n else "")))
+        for issue in v.issues:
+            out_console.print(Text(f"  verification issue: {issue}"))
+    else:
+        out_console.print(Text("verification: the service did not say (see the notes below)"))
+    _print_warnings(record_cautions(facts.record))
 
 
 def _print_warnings(warnings: tuple[str, ...] | list[str]) -> None:
@@ -52,6 +85,7 @@ def _print_warnings(warnings: tuple[str, ...] | list[str]) -> None:
 
 def _print_dry_run(result: DryRunResult) -> None:
     built = result.prepared.built
+    _print_status_first(result)
     out_console.print(_payload_table(built.payload))
     out_console.print(Text(f"notes: {built.payload.get('notes', '')}"))
     _print_warnings(built.warnings)
@@ -63,13 +97,6 @@ def _print_dry_run(result: DryRunResult) -> None:
         verdict = "valid" if result.remote_valid else f"INVALID: {result.remote_error}"
         out_console.print(Text(f"dry-run endpoint {result.discovery.dry_run_path}: "
                                f"HTTP {result.remote.status}, {verdict}"))
-    v = result.verification
-    if v is not None:
-        n = len(v.issues)
-        out_console.print(Text(f"verification: {'verified' if v.verified else 'NOT verified'}"
-                               + (f" ({n} issue{'s' if n != 1 else ''})" if n else "")))
-        for issue in v.issues:
-            out_console.print(Text(f"  verification issue: {issue}"))
     out_console.print(Text(f"queue: {result.prepared.queue_path} (sha256 {result.prepared.queue_sha256})"))
 
 
@@ -178,6 +205,7 @@ def submit_cmd(
                                   "it is read from the environment only and never stored")
             sent = send(directory, tgt, options, key, queue=queue, max_retries=max_retries,
                         max_wait_s=max_wait_s, allow_unverified=allow_unverified, notify=_notify)
+            _print_warnings(record_cautions(sent.prepared.facts.record))
             _print_warnings(sent.prepared.built.warnings)
             _print_send(sent)
             if not sent.acceptance.accepted:

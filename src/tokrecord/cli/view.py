@@ -18,6 +18,7 @@ from tokrecord.errors import ConfigError
 from tokrecord.experiment.leg import LegResult, RowRecord
 from tokrecord.experiment.stats import RecordGate
 from tokrecord.gates import GateStatus
+from tokrecord.metrics.rows import ROW_FLAGS
 from tokrecord.probes import Snapshot
 from tokrecord.probes.idle import IdleCriteria, IdleResult
 from tokrecord.record.schema import (
@@ -60,6 +61,7 @@ class RichLegObserver:
         self._total = 0
         self._row_id = ""
         self._next_update = 0
+        self._explained: set[str] = set()
 
     def server_starting(self, argv: list[str], log_path: Path) -> None:
         self._log_path = log_path
@@ -106,6 +108,8 @@ class RichLegObserver:
             f"{m.n_tokens:>4} tok ttft {fmt(m.ttft_ms, 1):>7} ms "
             f"{fmt(m.rate_conventional, 1):>9} tok/s {record.trace.finish_reason}{flags}"
         )
+        for line in flag_notes(m.flags, self._explained):
+            self.console.print(f"[dim]{escape(line)}[/]")
 
     def server_stopped(self, cleanup: CleanupReport) -> None:
         if self._live:
@@ -141,6 +145,16 @@ class RichLegObserver:
         else:
             self.console.print(f"idle gate ({result.phase}): [red]NOT IDLE[/] after "
                                f"{result.seconds:.1f} s: {escape(result.reason or '')}")
+
+
+UNKNOWN_FLAG = "a row flag (README: Metrics)"
+
+
+def flag_notes(flags: tuple[str, ...], explained: set[str]) -> list[str]:
+    """One line for each row flag not explained yet (explained is updated)."""
+    new = [f for f in flags if f not in explained]
+    explained.update(new)
+    return [f"       {f}: {ROW_FLAGS.get(f, UNKNOWN_FLAG)}" for f in new]
 
 
 def summary_table(result: LegResult) -> Table:
@@ -318,7 +332,9 @@ def _runs_table(record: AbbaRecord, legs: list[str]) -> Table:
     runs = Table(title=f"experiment {record.experiment} — legs{what}", box=None, padding=(0, 1))
     for col in ("leg", "arm", "tok/s", "p10", "TTFT ms", "cycle ms", "acc.", "exact", "W",
                 "J/tok", "idle", "valid"):
-        runs.add_column(col, justify="right" if col not in ("leg", "arm") else "left")
+        # fold: a narrow console wraps a figure rather than cutting it to "194.…"
+        runs.add_column(col, justify="right" if col not in ("leg", "arm") else "left",
+                        overflow="fold")
     for name in legs:
         leg = record.runs_by_name()[name]
         tel = leg.telemetry

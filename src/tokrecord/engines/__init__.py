@@ -58,13 +58,26 @@ def fill_endpoint(data: Any, argv: Sequence[str] | None) -> Any:
     return {**data, "endpoint": engine.default_endpoint().value}
 
 
+# `tokrecord fake-server ...`: the fake server as an installed user runs it.
+FAKE_COMMAND = "fake-server"
+
+
+def _fake_dialect(argv: Sequence[str]) -> EngineName:
+    """The fake server speaks the engine its --dialect names (default vllm)."""
+    args = list(argv)
+    for i, token in enumerate(args):
+        value = (args[i + 1] if token == "--dialect" and i + 1 < len(args)
+                 else token.split("=", 1)[1] if token.startswith("--dialect=") else None)
+        if value is not None:
+            return EngineName(value)
+    return EngineName.VLLM
+
+
 def infer_engine(argv: Sequence[str]) -> EngineName:
     """The engine an argv starts: the first token that names one (its program or its
     Python module), else a generic OpenAI server."""
-    if FAKE_MODULE in argv:
-        if "--dialect" in argv[:-1]:
-            return EngineName(argv[list(argv).index("--dialect") + 1])
-        return EngineName.VLLM
+    if FAKE_MODULE in argv or FAKE_COMMAND in argv:
+        return _fake_dialect(argv)
     for token in argv:
         for engine in ENGINES.values():
             if engine.runs(token):

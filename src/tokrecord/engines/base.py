@@ -189,6 +189,9 @@ class Engine:
     # One line per generation request in the server's log (the no-warmup gate counts
     # them); None: the log does not show requests.
     generation_line: re.Pattern[str] | None = None
+    # A server log line that says why a start failed, when the engine marks its errors
+    # (the first one is quoted; else a generic reading of the log is used).
+    error_line: re.Pattern[str] | None = None
     # The engine's own Python distributions, in order of preference: its version is the
     # first one in the engine environment's runtime lock.
     packages: tuple[str, ...] = ()

@@ -139,6 +139,9 @@ class LlamaCppEngine(Engine):
     cached_tokens_hint = "timings.cache_n (llama.cpp reports it on the native /completion stream)"
     # One per generation task, whatever the endpoint.
     generation_line = re.compile(r"launch_slot_: id +\d+ \| task \d+ \| processing task")
+    # Its log prefixes each line with a time and a level letter; E is an error. The first
+    # one is the cause ("failed to open GGUF file ..."); xllamacpp's traceback comes after.
+    error_line = re.compile(r"^\s*\d+\.\d+\.\d+\.\d+ E ")
 
     def speculative(self, argv: Sequence[str]) -> SpeculativeConfig | None:
         kinds = [k for k in (arg_value(argv, "--spec-type") or "").split(",") if k and k != "none"]

@@ -288,6 +288,10 @@ def load_plan(path: Path) -> Plan:
     base = path.parent
     # Paths in a plan are relative to the plan file, not to wherever it is run from.
     updates: dict[str, Any] = {}
+    if plan.server.model.startswith("~"):
+        # No shell expands it in an argv, and a plan shared between users says "~" for each.
+        updates["server"] = plan.server.model_copy(
+            update={"model": str(Path(plan.server.model).expanduser())})
     if plan.suite is not None:
         updates["suite"] = str((base / plan.suite).resolve())
     if plan.teacher not in (None, "capture"):

@@ -63,7 +63,8 @@ from tokrecord.experiment.power import plan_noise, power_report
 from tokrecord.experiment.recovery import recover_attempt
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.identity import Identity, IdentitySpec, collect_identity, manifest_text
-from tokrecord.server.process import servers_of_run
+from tokrecord.server import xllamacpp
+from tokrecord.server.process import resolve_program, servers_of_run
 from tokrecord.suite import Suite, load_suite
 
 STATE = layout.STATE
@@ -405,6 +406,8 @@ def check_identity(plan: Plan, exp_dir: Path) -> dict[str, Any]:
 def engine_python(plan: Plan) -> Path | None:
     """The server's interpreter, when the server is a Python program (vLLM, SGLang)."""
     exe = Path(plan.server.argv[0])
+    if xllamacpp.is_console_script(resolve_program(plan.server.argv[0])):
+        return xllamacpp.engine_python()  # tokrecord's `llama-server` runs the engine's python
     return exe if exe.name.startswith("python") and exe.exists() else None
 
 

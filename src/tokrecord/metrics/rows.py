@@ -18,6 +18,16 @@ NS_PER_S = 1_000_000_000
 HEADLINE_LAST_TOKEN = 100  # window is tokens 1..100: 100 events, 99 intervals
 STALL_MIN_MS = 100.0  # a gap is a stall when above both this and
 STALL_FACTOR = 20.0  # this many times the row's median gap
+
+# What each row flag means, in one line, for wherever a flag is shown.
+ROW_FLAGS: dict[str, str] = {
+    "no_tokens": "no token was received",
+    "short": "fewer than 101 tokens: no full headline window (tokens 1..100)",
+    "no_window": "fewer than 2 tokens: no rate",
+    "zero_duration": "the window's tokens arrived in one read: no rate",
+    "stall": f"a gap between tokens over {STALL_MIN_MS:g} ms and {STALL_FACTOR:g}x the row's "
+             "median gap (delivery paused); the row still counts",
+}
 OUTLIER_FACTOR = 5.0  # a row rate this far from the leg median is an outlier
 
 

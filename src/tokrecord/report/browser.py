@@ -29,6 +29,9 @@ from typing import Any
 from tokrecord.errors import ConfigError
 
 CHROMIUM_ENV = "TOKRECORD_CHROMIUM"
+# Works from a wheel install too (scripts/ is only in a clone).
+CHROMIUM_HINT = (f"install Debian's chromium package (`sudo apt-get install -y chromium`; in a "
+                 f"clone, scripts/ensure-chromium does it) or name a browser in ${CHROMIUM_ENV}")
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome-stable", "google-chrome",
               "chrome-headless-shell")
 # Moves the pipe ends onto fds 3 and 4 in the child (pass_fds keeps numbers, and
@@ -75,8 +78,7 @@ class Browser:
         exe = executable or find_chromium()
         if exe is None:
             raise BrowserError(
-                "no Chromium found: install Debian's chromium package (scripts/ensure-chromium "
-                f"does it) or name a browser in {CHROMIUM_ENV}")
+                f"no Chromium found: {CHROMIUM_HINT}")
         self.timeout_s = timeout_s
         self._profile = tempfile.TemporaryDirectory(prefix="tokrecord-chromium-")
         r_cmd, self._w_cmd = (_high(fd) for fd in os.pipe())

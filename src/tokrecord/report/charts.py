@@ -329,6 +329,19 @@ def interval_chart(ratio: float, ci_low: float, ci_high: float, confidence: floa
 # --------------------------------------------------------------------------- speculative
 
 
+# The narrowest bar a "100 %" label fits above, and the least room per tick label, in px.
+LABEL_MIN_PX = 30.0
+TICK_MIN_PX = 24.0
+
+
+def tick_step(per_position_px: float) -> int:
+    """Label every n-th position (1, 2, 5, 10, ...) so tick labels do not touch."""
+    for step in (1, 2, 5, 10, 20, 50, 100):
+        if step * per_position_px >= TICK_MIN_PX:
+            return step
+    return 100
+
+
 def acceptance_chart(legs: Sequence[LegView]) -> str | None:
     spec = [leg for leg in legs if leg.speculative and leg.speculative.accepted_per_position
             and leg.speculative.draft_cycles]
@@ -339,6 +352,12 @@ def acceptance_chart(legs: Sequence[LegView]) -> str | None:
     chart = Chart(title="Draft acceptance per position", height=300)
     chart.scales((0.5, k + 0.5), (0.0, 110.0))  # room above 100 % for the labels
     width = 0.8 / len(spec)
+    # Many positions (a 48-token draft) leave bars a few pixels wide: value labels would
+    # overlap, so they are drawn only when each fits its bar (hover and the table keep
+    # every value), and position ticks are thinned to every `step`th.
+    per_position_px = (chart.x1 - chart.x0) / k
+    labelled = per_position_px * width >= LABEL_MIN_PX
+    step = tick_step(per_position_px)
     for j, leg in enumerate(spec):
         s = leg.speculative
         assert s is not None and s.accepted_per_position is not None and s.draft_cycles
@@ -348,10 +367,12 @@ def acceptance_chart(legs: Sequence[LegView]) -> str | None:
             chart.bar(x, x + width * 0.92, 0.0, share, colors[leg.name],
                       title=f"{leg.name}, position {pos + 1}: {accepted} of {s.draft_cycles} draft "
                             f"cycles accepted it ({share:.1f} %)")
-            chart.text(x + width * 0.46, share, f"{share:.0f} %", dy="-0.4em")
-    chart.axes("draft position", "% of draft cycles accepting it", yticks=PERCENT_TICKS,
-               xticks=[float(p) for p in range(1, k + 1)],
-               xtick_labels=[str(p) for p in range(1, k + 1)])
+            if labelled:
+                chart.text(x + width * 0.46, share, f"{share:.0f} %", dy="-0.4em")
+    ticks = [p for p in range(1, k + 1) if p == 1 or p % step == 0]
+    chart.axes("draft position" + ("" if labelled else " (values on hover and in the table)"),
+               "% of draft cycles accepting it", yticks=PERCENT_TICKS,
+               xticks=[float(p) for p in ticks], xtick_labels=[str(p) for p in ticks])
     chart.legend([(leg.name, colors[leg.name]) for leg in spec])
     return chart.render()
 

@@ -16,6 +16,7 @@ from tokrecord import __version__
 from tokrecord.gates import GateStatus
 
 from . import charts, fmt
+from .explain import TEACHER_LEG, control_figure, gate_explained
 from .model import Analysis, Fact, Kind, LegView, Power, ReportData
 from .noise import noise_section
 from .text import (
@@ -74,6 +75,7 @@ td.r,th.r{text-align:right;font-variant-numeric:tabular-nums}
 .verdict-FASTER{color:var(--pass)}.verdict-SLOWER{color:var(--fail)}
 .verdict-UNDECIDED{color:var(--warn)}.verdict-NO.DIFFERENCE{color:var(--muted)}
 .note{color:var(--muted);font-size:13px}
+.gate-why{display:block;white-space:normal}
 .warn{border-left:3px solid var(--warn);background:#fffbeb;padding:6px 10px;margin:6px 0;font-size:13px}
 svg.chart{display:block;width:100%;height:auto;margin:6px 0 12px;font-family:inherit}
 details{margin:4px 0}summary{cursor:pointer}
@@ -116,6 +118,13 @@ def _facts(facts: Sequence[Fact]) -> str:
     return f'<dl class="facts">{items}</dl>'
 
 
+def _quality_facts(facts: Sequence[Fact]) -> str:
+    """Like _facts, with each check's one-line meaning (the keys are record field names)."""
+    items = "".join(f"<dt>{_e(f.label)}</dt><dd>{_e(f.value)}{_explained(f.label)}</dd>"
+                    for f in facts)
+    return f'<dl class="facts">{items}</dl>'
+
+
 def _card(key: str, value: str, note: str = "", cls: str = "") -> str:
     klass = f' class="v {cls}"' if cls else ' class="v"'
     return (f'<div class="card"><div class="k">{_e(key)}</div><div{klass}>{_e(value)}</div>'
@@ -136,6 +145,12 @@ def _summary(d: ReportData) -> str:
              if h.quantisation_bound_pct else "")
     cards = [_card("headline", f"{fmt.num(h.value)} tok/s",
                    f"leg {h.leg or fmt.DASH} ({h.arm or fmt.DASH}), {h.convention}{bound}")]
+    control = control_figure(d)
+    if control is not None:
+        cards.append(_card("control", f"{fmt.num(control.value)} tok/s",
+                           f"leg {control.leg}, the lower control leg"
+                           + (f"; headline {fmt.pct(control.delta_pct)}"
+                              if control.delta_pct is not None else "")))
     verdict_note = ""
     if d.bootstrap:
         b = d.bootstrap
@@ -494,6 +509,22 @@ def _noise(d: ReportData) -> str:
     return noise_section(d.noise)
 
 
+def _attempt_valid(leg: str, valid: bool | None) -> str:
+    # The teacher leg is the reference outputs; "valid: no" would read as a failure.
+    return "teacher (the reference)" if leg == TEACHER_LEG else fmt.yes_no(valid)
+
+
+def _gate_name(name: str) -> str:
+    line = gate_explained(name)
+    label = _e(fmt.gate_label(name))
+    return f'{label}<span class="note gate-why">{_e(line)}</span>' if line else label
+
+
+def _explained(name: str) -> str:
+    line = gate_explained(name)
+    return f' <span class="note">— {_e(line)}</span>' if line else ""
+
+
 def _gates(d: ReportData) -> str:
     parts = ["<h2>Quality gates</h2>"]
     names: list[str] = []
@@ -503,7 +534,7 @@ def _gates(d: ReportData) -> str:
                 names.append(g.name)
     matrix = []
     for name in names:
-        cells = [_e(fmt.gate_label(name))]
+        cells = [_gate_name(name)]
         for leg in d.legs:
             cell = next((x for x in leg.gates if x.name == name), None)
             cells.append(_status(cell.status) + (f" {_e(cell.count)}" if cell.count else "")
@@ -525,13 +556,13 @@ def _gates(d: ReportData) -> str:
                          + (f"<pre>{_e(found.evidence)}</pre>" if found.evidence else ""))
         summary = ", ".join(sorted({s for s in statuses}))
         parts.append(f'<details id="gate-{_e(name)}"><summary>{_e(fmt.gate_label(name))}: '
-                     f"{_e(summary)}</summary>{''.join(inner)}</details>")
+                     f"{_e(summary)}{_explained(name)}</summary>{''.join(inner)}</details>")
     for g in d.experiment_gates:
-        parts.append(f"<h3>{_e(fmt.gate_label(g.name))} (across legs)</h3>"
+        parts.append(f"<h3>{_e(fmt.gate_label(g.name))} (across legs)</h3>{_explained(g.name)}"
                      f"<p>{_status(g.status)} {_e(g.count or '')} — {_e(g.reason)}</p>"
                      + (f"<pre>{_e(g.evidence)}</pre>" if g.evidence else ""))
     if d.quality:
-        parts.append("<h3>Quality across legs</h3>" + _facts(d.quality))
+        parts.append("<h3>Quality across legs</h3>" + _quality_facts(d.quality))
     claims: list[str] = []
     for leg in d.legs:
         claims += [f.claim for f in leg.log_facts if f.claim not in claims]
@@ -578,7 +609,7 @@ def _identity(d: ReportData) -> str:
     if d.attempts:
         parts.append("<h3>Attempts</h3>" + _table(
             ["leg", "attempt", "status", "valid", "error"],
-            [[a.leg, str(a.attempt), a.status, fmt.yes_no(a.valid), a.error or ""]
+            [[a.leg, str(a.attempt), a.status, _attempt_valid(a.leg, a.valid), a.error or ""]
              for a in d.attempts]))
     if d.submissions:
         parts.append("<h3>Submissions</h3>" + "".join(f"<p>{_e(line)}</p>" for line in d.submissions))

@@ -16,8 +16,10 @@ from rich.table import Table
 from rich.text import Text
 
 from tokrecord.gates import GateStatus
+from tokrecord.metrics.rows import ROW_FLAGS
 
 from . import fmt
+from .explain import control_figure, control_text
 from .model import Analysis, ComponentView, GateView, Kind, LegView, Power, ReportData
 from .noise import noise_line
 
@@ -203,6 +205,7 @@ def _leg_cells(leg: LegView) -> list[str]:
             f"{passed}/{len(leg.gates)}", str(leg.stalled_rows), "yes" if leg.valid else "NO"]
 
 
+STALLS_EXPLAINED = f"rows with {ROW_FLAGS['stall']}"
 LEG_COLUMNS = ("leg", "arm", "tok/s", "p10", "TTFT ms", "accept", "tok/cycle", "exact", "gates",
                "stalls", "valid")
 # What a narrow terminal keeps (no column is ever cut short: a cut number misleads).
@@ -222,6 +225,9 @@ def terminal_renderables(d: ReportData, width: int = 100) -> list[RenderableType
     facts.add_column(style="bold", no_wrap=True)
     facts.add_column()
     facts.add_row("headline", escape(headline_text(d)))
+    control = control_figure(d)
+    if control is not None:
+        facts.add_row("control", escape(control_text(control)))
     facts.add_row("verdict", Text(verdict_text(d), style=_VERDICT_STYLE.get(d.verdict, "bold")))
     for label, line in v2_lines(d):
         facts.add_row(label, escape(line))
@@ -243,6 +249,9 @@ def terminal_renderables(d: ReportData, width: int = 100) -> list[RenderableType
         cells = dict(zip(LEG_COLUMNS, _leg_cells(leg), strict=True))
         cells["valid"] = "[green]yes[/]" if leg.valid else "[bold red]NO[/]"
         legs.add_row(*(cells[col] for col in columns))
+    if "stalls" in columns:
+        legs.caption = f"stalls: {STALLS_EXPLAINED}"
+        legs.caption_justify = "left"
     out: list[RenderableType] = [title, facts, legs]
     if d.pairs:
         pairs = Table(box=None, padding=(0, 1), title=f"pairs ({pairs_what(d)})",
@@ -322,6 +331,11 @@ def render_markdown(d: ReportData) -> str:
     out.append(f"- **Headline: {fmt.num(h.value)} tok/s**"
                + (f" (leg {h.leg}, {h.arm})" if h.leg else "")
                + f" — {h.convention} `{h.formula}`{bound}")
+    control = control_figure(d)
+    if control is not None:
+        out.append(f"- **Control: {fmt.num(control.value)} tok/s** (leg {control.leg}, the lower "
+                   "control leg)" + (f"; the headline is {fmt.pct(control.delta_pct)} on it"
+                                     if control.delta_pct is not None else ""))
     out.append(f"- **Verdict: {d.verdict}**" + (
         f" — candidate/control {d.bootstrap.ratio:.4f} ({fmt.pct(100 * (d.bootstrap.ratio - 1))}), "
         f"{100 * d.bootstrap.confidence:.0f} % CI [{d.bootstrap.ci_low:.4f}, {d.bootstrap.ci_high:.4f}] "

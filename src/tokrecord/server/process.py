@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -119,6 +121,59 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join("    " + line for line in tail) if tail else "    (server log is empty)"
 
 
+# Words that mark a log line as the cause of a failed start. The first such line is
+# quoted: what follows it is usually its consequences ("failed to load model", "exiting").
+_ERROR_WORDS = re.compile(
+    r"(?i)\b(error|errors|failed|failure|fatal|exception|invalid|cannot|could not|"
+    r"no such|not found|unrecognized|unrecognised)\b")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
+
+
+def error_line(log_text: str, marked: re.Pattern[str] | None = None) -> str | None:
+    """The one line of a server log that says why the server failed, or None.
+
+    The first line the engine itself marks as an error (`marked`, from its adapter);
+    else a Python traceback's exception; else the first line that reads as an error,
+    since later ones follow from it."""
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    if marked is not None:
+        first = next((line for line in lines if marked.search(line)), None)
+        if first is not None:
+            return first
+    tracebacks = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+    if tracebacks:
+        exceptions = [line for line in lines[tracebacks[-1]:] if _EXCEPTION_LINE.match(line)]
+        if exceptions:
+            return exceptions[-1]
+    return next((line for line in lines if _ERROR_WORDS.search(line)), None)
+
+
+def log_error_line(path: Path, marked: re.Pattern[str] | None = None) -> str | None:
+    try:
+        return error_line(path.read_text(encoding="utf-8", errors="replace"), marked)
+    except OSError:
+        return None
+
+
+def _error_first(path: Path, marked: re.Pattern[str] | None) -> str:
+    line = log_error_line(path, marked)
+    return f"\n    error line: {line}\n" if line else "\n"
+
+
+def resolve_program(name: str, path: str | None = None) -> str | None:
+    """Where argv[0] runs from: a path as given, else PATH, else beside the Python that
+    runs tokrecord (its venv's bin, where `llama-server` is installed, when the venv was
+    not activated)."""
+    if os.sep in name:
+        candidate = Path(name).expanduser()
+        return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
+    found = shutil.which(name, path=path)
+    if found is not None:
+        return found
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
 def servers_of_run(run_dir: Path) -> list[psutil.Process]:
     """Live processes whose environment names `run_dir` as theirs (RUN_DIR_ENV)."""
     want = str(run_dir.resolve())
@@ -203,9 +258,14 @@ class ServerProcess:
         env = {**os.environ, **self.env}
         # Exclusive create: a run dir's server log is evidence and is never replaced.
         self._log = open(self.log_path, "xb")  # noqa: SIM115 - closed in stop()
+        # A bare program name not on PATH may be one of the venv's console scripts
+        # (`llama-server`): run it from there rather than fail.
+        program = self.argv[0]
+        if os.sep not in program and shutil.which(program) is None:
+            program = resolve_program(program) or program
         try:
             self._proc = subprocess.Popen(
-                self.argv,
+                [program, *self.argv[1:]],
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
@@ -247,7 +307,9 @@ class ServerProcess:
                 if code is not None:
                     raise ServerError(
                         f"server exited with code {code} before becoming ready "
-                        f"(after {time.monotonic() - t0:.1f} s); last lines of {self.log_path}:\n"
+                        f"(after {time.monotonic() - t0:.1f} s)"
+                        + _error_first(self.log_path, dialect.error_line)
+                        + f"    last lines of {self.log_path}:\n"
                         + log_tail(self.log_path)
                     )
                 if self._ready(http, model, dialect):
@@ -256,8 +318,9 @@ class ServerProcess:
                 if now >= deadline:
                     raise ServerError(
                         f"server did not become ready within {timeout_s:.0f} s "
-                        f"({' and '.join(self.base_url + p for p in dialect.ready_paths)}); "
-                        f"last lines of {self.log_path}:\n"
+                        f"({' and '.join(self.base_url + p for p in dialect.ready_paths)})"
+                        + _error_first(self.log_path, dialect.error_line)
+                        + f"    last lines of {self.log_path}:\n"
                         + log_tail(self.log_path)
                     )
                 if on_poll is not None:

