@@ -45,7 +45,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from pydantic import BaseModel, ConfigDict
 
 from tokrecord.errors import TokrecordError
-from tokrecord.evidence import write_exclusive
+from tokrecord.evidence import safe, write_exclusive
 from tokrecord.identity.hashing import manifest_text, sha256_file
 
 MANIFEST_NAME = "manifest.sha256"
@@ -315,7 +315,7 @@ def parse_manifest(data: bytes) -> tuple[list[tuple[str, str]], list[str]]:
             continue
         digest, rel = match.group(1), match.group(2)
         if not _safe_rel(rel):
-            errors.append(f"line {number}: path {rel!r} is not a plain relative path")
+            errors.append(f"line {number}: path {safe.excerpt(rel)} is not a plain relative path")
         elif rel in seen:
             errors.append(f"line {number}: {rel} is listed twice")
         else:
@@ -443,10 +443,12 @@ class Problem(BaseModel):
 
 
 def _read_plain(path: Path) -> bytes | None:
-    """Bytes of a regular file, or None; a symlinked seal file is never followed."""
-    if path.is_symlink() or not path.is_file():
+    """Bytes of a regular file, or None; a symlinked seal file is never followed, and
+    neither file of a seal is anywhere near the cap."""
+    try:
+        return safe.read_bytes(path, safe.TEXT_CAP)
+    except safe.UnsafeEvidence:
         return None
-    return path.read_bytes()
 
 
 def verify_seal(directory: Path, expected_fingerprint: str | None = None) -> list[Problem]:
@@ -474,9 +476,10 @@ def verify_seal(directory: Path, expected_fingerprint: str | None = None) -> lis
             )
             continue
         try:
-            actual = sha256_file(directory / rel)
-        except TokrecordError as exc:
-            problems.append(Problem(file=rel, field="sha256", message=f"cannot be read: {exc}"))
+            actual = safe.sha256_regular(directory / rel)
+        except safe.UnsafeEvidence as exc:
+            problems.append(Problem(file=rel, field="sha256", message=f"cannot be read: "
+                                    f"{exc.reason}"))
             continue
         if actual != digest:
             problems.append(
@@ -525,7 +528,8 @@ def _verify_envelope(
     problems: list[Problem] = []
     payload_type = envelope.get("payloadType")
     if payload_type != DSSE_PAYLOAD_TYPE:
-        problems.append(problem("payloadType", f"is {payload_type!r}, expected {DSSE_PAYLOAD_TYPE!r}"))
+        problems.append(problem("payloadType", f"is {safe.excerpt(payload_type)}, "
+                                               f"expected {DSSE_PAYLOAD_TYPE!r}"))
     payload = _b64decode(envelope.get("payload"))
     if payload is None:
         return [*problems, problem("payload", "missing or not base64")]
@@ -546,7 +550,8 @@ def _verify_envelope(
         actual_fp = fingerprint_of(_raw_public(public_key))
         if predicate.get("fingerprint") != actual_fp:
             problems.append(
-                problem("predicate.fingerprint", f"says {predicate.get('fingerprint')!r}, key is {actual_fp}")
+                problem("predicate.fingerprint",
+                        f"says {safe.excerpt(predicate.get('fingerprint'))}, key is {actual_fp}")
             )
         if expected_fingerprint is not None and actual_fp != expected_fingerprint:
             problems.append(
@@ -565,7 +570,7 @@ def _verify_envelope(
             problems.append(
                 problem(
                     "predicate.manifest_sha256",
-                    f"manifest sha256 is {actual}, the signed statement says {claimed!r}",
+                    f"manifest sha256 is {actual}, the signed statement says {safe.excerpt(claimed)}",
                     file=MANIFEST_NAME,
                 )
             )
@@ -589,10 +594,12 @@ def _parse_statement(payload: bytes) -> tuple[dict[str, Any] | None, list[tuple[
         # Also catches duplicate keys, which different JSON parsers resolve differently.
         problems.append(("statement", "payload is not RFC 8785 canonical JSON"))
     if statement.get("_type") != STATEMENT_TYPE:
-        problems.append(("statement._type", f"is {statement.get('_type')!r}, expected {STATEMENT_TYPE!r}"))
+        problems.append(("statement._type", f"is {safe.excerpt(statement.get('_type'))}, "
+                                            f"expected {STATEMENT_TYPE!r}"))
     if statement.get("predicateType") != PREDICATE_TYPE:
         problems.append(
-            ("statement.predicateType", f"is {statement.get('predicateType')!r}, expected {PREDICATE_TYPE!r}")
+            ("statement.predicateType", f"is {safe.excerpt(statement.get('predicateType'))}, "
+                                        f"expected {PREDICATE_TYPE!r}")
         )
     if not isinstance(statement.get("predicate"), dict):
         problems.append(("statement.predicate", "missing or not an object"))
