@@ -28,7 +28,6 @@ import base64
 import binascii
 import contextlib
 import hashlib
-import json
 import os
 import re
 import tempfile
@@ -495,6 +494,35 @@ def verify_seal(directory: Path, expected_fingerprint: str | None = None) -> lis
     return problems
 
 
+def signer_fingerprint(directory: Path) -> str | None:
+    """The fingerprint of the key in `directory`'s signed statement, or None when there is
+    no readable one. Names the key only: verify_seal says whether the seal holds."""
+    raw = _read_plain(directory / SIGNATURE_NAME)
+    if raw is None:
+        return None
+    try:
+        envelope = safe.parse_json(raw, SIGNATURE_NAME)
+    except safe.UnsafeEvidence:
+        return None
+    payload = _b64decode(envelope.get("payload")) if isinstance(envelope, dict) else None
+    if payload is None:
+        return None
+    statement, _ = _parse_statement(payload)
+    key = _load_public_key(statement["predicate"].get("public_key")) if statement else None
+    return fingerprint_of(_raw_public(key)) if key is not None else None
+
+
+def local_fingerprint(config_dir: Path | None = None) -> str | None:
+    """The local signing key's fingerprint, or None when there is none (never creates one)."""
+    path = (config_dir if config_dir is not None else default_config_dir()) / KEY_FILE_NAME
+    if not path.is_file():
+        return None
+    try:
+        return _load_key(path).fingerprint
+    except SealError:
+        return None
+
+
 def _b64decode(value: object) -> bytes | None:
     """Standard or URL-safe base64, padded or not (DSSE allows either), else None."""
     if not isinstance(value, str):
@@ -520,9 +548,9 @@ def _verify_envelope(
     if raw is None:
         return [problem("envelope", "missing")]
     try:
-        envelope = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        return [problem("envelope", f"not JSON: {exc}")]
+        envelope = safe.parse_json(raw, SIGNATURE_NAME)
+    except safe.UnsafeEvidence as exc:
+        return [problem("envelope", exc.reason)]
     if not isinstance(envelope, dict):
         return [problem("envelope", "not a JSON object")]
     problems: list[Problem] = []
@@ -580,9 +608,9 @@ def _verify_envelope(
 
 def _parse_statement(payload: bytes) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
     try:
-        statement = json.loads(payload)
-    except (UnicodeDecodeError, ValueError) as exc:
-        return None, [("statement", f"payload is not JSON: {exc}")]
+        statement = safe.parse_json(payload, "payload")
+    except safe.UnsafeEvidence as exc:
+        return None, [("statement", f"payload {exc.reason}")]
     if not isinstance(statement, dict):
         return None, [("statement", "payload is not a JSON object")]
     problems: list[tuple[str, str]] = []

@@ -15,6 +15,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,12 @@ from tokrecord.evidence.seal import (
     ADDENDUM_FILE_NAME,
     MANIFEST_NAME,
     Problem,
+    default_config_dir,
+    local_fingerprint,
+    signer_fingerprint,
     verify_seal,
 )
+from tokrecord.evidence.trust import TRUST_FILE_NAME, Signer, load_trusted, pin
 from tokrecord.experiment.leg import (
     LegConfig,
     LegResult,
@@ -425,3 +430,30 @@ def _verify_experiment(exp_dir: Path) -> list[Problem]:
     for field, message in diff(recorded, recomputed):
         problems.append(Problem(file=layout.RECORD, field=field, message=message))
     return problems
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What `verify` found, and who signed: every command that reads received evidence
+    (verify, report, submit) asks this, so all pin a key the same way."""
+
+    problems: list[Problem]
+    signer: Signer
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_trusted(directory: Path, expected_fingerprint: str | None = None,
+                   config_dir: Path | None = None) -> Verified:
+    """verify_dir, plus the signer's fingerprint and how it is pinned (evidence.trust): by
+    `expected_fingerprint`, the trust file, the local key, or not at all. A leg, an
+    experiment and an addendum are held to the same rules."""
+    problems = verify_dir(directory, expected_fingerprint)
+    where = config_dir if config_dir is not None else default_config_dir()
+    trust_file = where / TRUST_FILE_NAME
+    signer = pin(signer_fingerprint(directory), expected=expected_fingerprint,
+                 trusted=load_trusted(trust_file), trust_file=trust_file,
+                 local=local_fingerprint(where))
+    return Verified(problems=problems, signer=signer)
