@@ -11,6 +11,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from tokrecord.evidence.safe import terminal_safe
+from tokrecord.record.verify import signer_of
 from tokrecord.submit import PayloadOptions, SubmitError, key_from_env, make_target
 from tokrecord.submit.flow import (
     Bounds,
@@ -154,6 +156,9 @@ def submit_cmd(
                                                     "named by content).")] = None,
     max_retries: Annotated[int, typer.Option(min=0, help="Retries after HTTP 429.")] = 3,
     max_wait_s: Annotated[float, typer.Option(min=0, help="Most seconds to wait on 429s.")] = 900.0,
+    fingerprint: Annotated[str | None, typer.Option(
+        help="Expected signing key fingerprint (SHA256:...), for evidence another key sealed.",
+    )] = None,
 ) -> None:
     """Submit a sealed record to a leaderboard: dry run by default; --send; --check [--wait] later."""
     if send_it and check_it:
@@ -172,7 +177,14 @@ def submit_cmd(
         options = PayloadOptions(hf_id=hf_id, model_revision=model_revision,
                                  quantization=quantization, engine_name=engine_name)
         key = key_from_env(tgt.key_env, tgt.key_pattern)
+        signer = signer_of(directory, fingerprint)
+        err_console.print(Text(f"{terminal_safe(str(directory))}: {signer.describe()}"))
         if send_it:
+            # A leaderboard entry speaks for whoever sealed it: never for an unknown key.
+            if not signer.pinned or fingerprint not in (None, signer.fingerprint):
+                raise SubmitError(f"{directory}: {signer.describe()}: --send sends only evidence "
+                                  "sealed by the local key, by a key in trusted_keys, or by the "
+                                  "key given with --fingerprint")
             if key is None:
                 raise SubmitError(f"--send needs an API key in ${tgt.key_env} (bhk_ + 40 hex); "
                                   "it is read from the environment only and never stored")

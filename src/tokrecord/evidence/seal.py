@@ -30,8 +30,10 @@ import contextlib
 import hashlib
 import os
 import re
+import stat
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -141,12 +143,26 @@ def keyid_of(raw_public_key: bytes) -> str:
     return hashlib.sha256(raw_public_key).hexdigest()
 
 
-def load_or_create_key(config_dir: Path | None = None) -> SigningKey:
-    """The user's signing key, created on first use as ``<config_dir>/signing-key.pem``."""
+def announce_to_stderr(key: SigningKey) -> None:
+    """The default announcement of a new key: a new key is a new identity in every seal,
+    so a changed config directory must not swap it silently."""
+    sys.stderr.write(f"tokrecord: created a new signing key {key.fingerprint} at {key.path} "
+                     "(every seal names it; back it up, and give this fingerprint to whoever "
+                     "verifies your evidence)\n")
+
+
+def load_or_create_key(config_dir: Path | None = None, *,
+                       on_create: Callable[[SigningKey], None] = announce_to_stderr
+                       ) -> SigningKey:
+    """The user's signing key, created on first use as ``<config_dir>/signing-key.pem``
+    (and announced through `on_create`)."""
     directory = config_dir if config_dir is not None else default_config_dir()
     path = directory / KEY_FILE_NAME
     if not path.exists():
         _create_key_file(directory, path)
+        key = _load_key(path)
+        on_create(key)
+        return key
     return _load_key(path)
 
 
@@ -201,9 +217,15 @@ def _write_exclusive(path: Path, data: bytes, mode: int) -> None:
 
 def _load_key(path: Path) -> SigningKey:
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            data = fh.read(1 << 16)
     except OSError as exc:
         raise SealError(f"cannot read signing key {path}: {exc.strerror}") from exc
+    if mode & 0o077:
+        # As ssh refuses a private key others can read: whoever reads it can seal as you.
+        raise SealError(f"signing key {path} is readable or writable by group or others "
+                        f"(mode {stat.S_IMODE(mode):04o}); fix it with: chmod 600 {path}")
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm) as exc:

@@ -451,9 +451,16 @@ def verify_trusted(directory: Path, expected_fingerprint: str | None = None,
     `expected_fingerprint`, the trust file, the local key, or not at all. A leg, an
     experiment and an addendum are held to the same rules."""
     problems = verify_dir(directory, expected_fingerprint)
+    return Verified(problems=problems, signer=signer_of(directory, expected_fingerprint,
+                                                        config_dir))
+
+
+def signer_of(directory: Path, expected_fingerprint: str | None = None,
+              config_dir: Path | None = None) -> Signer:
+    """The key `directory`'s seal names and how it is pinned; whether the seal holds is
+    verify_dir's question."""
     where = config_dir if config_dir is not None else default_config_dir()
     trust_file = where / TRUST_FILE_NAME
-    signer = pin(signer_fingerprint(directory), expected=expected_fingerprint,
-                 trusted=load_trusted(trust_file), trust_file=trust_file,
-                 local=local_fingerprint(where))
-    return Verified(problems=problems, signer=signer)
+    return pin(signer_fingerprint(directory), expected=expected_fingerprint,
+               trusted=load_trusted(trust_file), trust_file=trust_file,
+               local=local_fingerprint(where))
