@@ -12,7 +12,7 @@ from tokrecord.experiment.runner import experiment_lock, lock_path
 
 
 def test_a_key_others_can_read_is_refused_with_the_fix(tmp_path: Path) -> None:
-    key = load_or_create_key(tmp_path, on_create=lambda k: None)
+    key = load_or_create_key(tmp_path)
     assert key.path is not None
     key.path.chmod(0o644)
     with pytest.raises(SealError, match=r"mode 0644\); fix it with: chmod 600 "):
