@@ -57,26 +57,25 @@ class Outcome:
 
 def run_child(args: list[str], env: dict[str, str]) -> tuple[int | None, str, float, float]:
     """(exit code or None when killed at the limit, output, seconds, peak RSS MiB)."""
-    out_file = tempfile.TemporaryFile()
-    start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-c", CLI, *args], stdout=out_file,
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    rc: int | None = None
-    usage = None
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            rc = os.waitstatus_to_exitcode(status)
-            break
-        if time.monotonic() - start > LIMIT_S:
-            os.killpg(proc.pid, signal.SIGKILL)
-            _, _, usage = os.wait4(proc.pid, 0)
-            break
-        time.sleep(0.02)
-    proc.returncode = rc if rc is not None else -9  # reaped here, not by Popen
-    seconds = time.monotonic() - start
-    out_file.seek(0)
-    output = out_file.read().decode("utf-8", "replace")
+    with tempfile.TemporaryFile() as out_file:
+        start = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-c", CLI, *args], stdout=out_file,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        rc: int | None = None
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                rc = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() - start > LIMIT_S:
+                os.killpg(proc.pid, signal.SIGKILL)
+                _, _, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.02)
+        proc.returncode = rc if rc is not None else -9  # reaped here, not by Popen
+        seconds = time.monotonic() - start
+        out_file.seek(0)
+        output = out_file.read().decode("utf-8", "replace")
     return rc, output, seconds, usage.ru_maxrss / 1024.0
 
 
