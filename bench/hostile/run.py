@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from tokrecord.evidence.seal import MANIFEST_NAME, SIGNATURE_NAME, SigningKey, seal
 
 MARKER = "PLANTED-OUTSIDE-MARKER-5c1e"
-LIMIT_S = 10.0
+LIMIT_S = 10.0  # the target; --limit kills later on a loaded machine (CPU time is shown too)
 TARGET_MIB = 300.0
 CLI = "import sys; from tokrecord.cli import main; sys.exit(main())"
 FAKE = (f"{sys.executable} -m tokrecord.server.fake --host {{host}} --port {{port}} "
@@ -51,12 +51,15 @@ class Outcome:
     attack: str
     verdict: str
     seconds: float
+    cpu_s: float
     peak_mib: float
     rc: int | None
 
 
-def run_child(args: list[str], env: dict[str, str]) -> tuple[int | None, str, float, float]:
-    """(exit code or None when killed at the limit, output, seconds, peak RSS MiB)."""
+def run_child(args: list[str], env: dict[str, str], limit_s: float
+              ) -> tuple[int | None, str, float, float, float]:
+    """(exit code or None when killed at the limit, output, wall seconds, CPU seconds,
+    peak RSS MiB). CPU seconds, unlike wall time, barely move with other users' load."""
     with tempfile.TemporaryFile() as out_file:
         start = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-c", CLI, *args], stdout=out_file,
@@ -67,7 +70,7 @@ def run_child(args: list[str], env: dict[str, str]) -> tuple[int | None, str, fl
             if pid:
                 rc = os.waitstatus_to_exitcode(status)
                 break
-            if time.monotonic() - start > LIMIT_S:
+            if time.monotonic() - start > limit_s:
                 os.killpg(proc.pid, signal.SIGKILL)
                 _, _, usage = os.wait4(proc.pid, 0)
                 break
@@ -76,7 +79,7 @@ def run_child(args: list[str], env: dict[str, str]) -> tuple[int | None, str, fl
         seconds = time.monotonic() - start
         out_file.seek(0)
         output = out_file.read().decode("utf-8", "replace")
-    return rc, output, seconds, usage.ru_maxrss / 1024.0
+    return rc, output, seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0
 
 
 def judge(rc: int | None, output: str) -> str:
@@ -86,7 +89,14 @@ def judge(rc: int | None, output: str) -> str:
         return "leak"
     if "Traceback" in output or rc < 0:
         return "crash"
-    return "accepted" if rc == 0 else "clean refusal"
+    if rc == 0:
+        # A file verify does not interpret, re-sealed by a stranger: the seal holds, and
+        # the pass says the key is not pinned. Nothing was read past it.
+        return "pass, not pinned" if "(not pinned)" in output else "accepted"
+    return "clean refusal"
+
+
+CLEAN = frozenset({"clean refusal", "pass, not pinned"})
 
 
 # ------------------------------------------------------------------------ attacks
@@ -181,9 +191,15 @@ def make_leg(work: Path, env: dict[str, str]) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.hostile", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--record", type=Path, default=Path("/work/shared/seeds/abba.json"),
+    parser.add_argument("--record", type=Path, default=Path("/work/shared/seeds/abba-experiment-record.json"),
                         help="A record to give lint (the hostile inputs replace it).")
     parser.add_argument("--only", help="Only files whose name contains this.")
+    parser.add_argument("--limit", type=float, default=30.0,
+                        help="Kill a child after this many wall seconds (a hang).")
+    parser.add_argument("--skip-lint", action="store_true")
+    parser.add_argument("--part", default="1/1",
+                        help="K/N: only every N-th file kind from the K-th (a run under 10 min "
+                        "on a loaded machine).")
     args = parser.parse_args(argv)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     outcomes: list[Outcome] = []
@@ -196,15 +212,21 @@ def main(argv: list[str] | None = None) -> int:
         kinds = sorted(p.name for p in leg.iterdir() if p.is_file())
         if args.only:
             kinds = [k for k in kinds if args.only in k]
+        k, parts = (int(x) for x in args.part.split("/"))
+        kinds = kinds[k - 1::parts]
         n = 0
-        print(f"{'command':<7} {'file':<22} {'attack':<20} {'outcome':<14} {'s':>6} {'MiB':>6}",
-              flush=True)
+        print(f"{'command':<7} {'file':<20} {'attack':<26} {'outcome':<16} {'wall s':>6} "
+              f"{'cpu s':>6} {'MiB':>5}", flush=True)
 
         def record(outcome: Outcome) -> None:
             outcomes.append(outcome)
-            print(f"{outcome.command:<7} {outcome.target:<22} {outcome.attack:<20} "
-                  f"{outcome.verdict:<14} {outcome.seconds:6.2f} {outcome.peak_mib:6.0f}",
-                  flush=True)
+            print(f"{outcome.command:<7} {outcome.target:<20} {outcome.attack:<26} "
+                  f"{outcome.verdict:<16} {outcome.seconds:6.2f} {outcome.cpu_s:6.2f} "
+                  f"{outcome.peak_mib:5.0f}", flush=True)
+
+        rc, out, secs, cpu, mib = run_child(["verify", str(leg)], env, args.limit)
+        record(Outcome("verify", "(untouched leg)", "baseline", judge(rc, out), secs, cpu, mib,
+                       rc))
 
         for kind in kinds:
             for attack, (mutate, reseal) in ATTACKS.items():
@@ -213,26 +235,28 @@ def main(argv: list[str] | None = None) -> int:
                 mutate(copy / kind, outside)
                 if reseal and kind not in (MANIFEST_NAME, SIGNATURE_NAME):
                     stranger_reseal(copy)
-                rc, out, secs, mib = run_child(["verify", str(copy)], env)
+                rc, out, secs, cpu, mib = run_child(["verify", str(copy)], env, args.limit)
                 record(Outcome("verify", kind, attack + (" (re-sealed)" if reseal else ""),
-                               judge(rc, out), secs, mib, rc))
+                               judge(rc, out), secs, cpu, mib, rc))
                 shutil.rmtree(copy, ignore_errors=True)
         n += 1
         copy = writable_copy(leg, work / f"c{n}")
         catastrophic_regex(copy)
-        rc, out, secs, mib = run_child(["verify", str(copy)], env)
-        record(Outcome("verify", "config.json", "(a+)+$ log fact", judge(rc, out), secs, mib, rc))
-        for attack, (mutate, _) in ATTACKS.items():
+        rc, out, secs, cpu, mib = run_child(["verify", str(copy)], env, args.limit)
+        record(Outcome("verify", "config.json", "(a+)+$ log fact (re-sealed)", judge(rc, out),
+                       secs, cpu, mib, rc))
+        for attack, (mutate, _) in ([] if args.skip_lint else ATTACKS.items()):
             target = work / f"record-{attack.replace(' ', '-').replace('/', '')}.json"
             if args.record.is_file():
                 shutil.copy(args.record, target)
             mutate(target, outside)
-            rc, out, secs, mib = run_child(["lint", str(target)], env)
-            record(Outcome("lint", "record.json", attack, judge(rc, out), secs, mib, rc))
-    bad = [o for o in outcomes if o.verdict != "clean refusal" or o.seconds > LIMIT_S
+            rc, out, secs, cpu, mib = run_child(["lint", str(target)], env, args.limit)
+            record(Outcome("lint", "record.json", attack, judge(rc, out), secs, cpu, mib, rc))
+    bad = [o for o in outcomes[1:] if o.verdict not in CLEAN or o.cpu_s > LIMIT_S
            or o.peak_mib >= TARGET_MIB]
-    print(f"{len(outcomes)} inputs: {len(outcomes) - len(bad)} clean refusals within "
-          f"{LIMIT_S:g} s and {TARGET_MIB:g} MiB; {len(bad)} not"
+    print(f"{len(outcomes) - 1} inputs: {len(outcomes) - 1 - len(bad)} clean (refused, or "
+          f"passed as not pinned) within {LIMIT_S:g} CPU s and {TARGET_MIB:g} MiB; {len(bad)} "
+          f"not; load average {os.getloadavg()[0]:.2f}"
           + (": " + ", ".join(f"{o.command} {o.target} {o.attack}: {o.verdict}" for o in bad)
              if bad else ""))
     return 1 if bad else 0
