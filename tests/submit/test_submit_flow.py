@@ -441,7 +441,7 @@ def test_cli_dry_run_send_check_and_the_key_is_in_no_file(
         dry = cli(base_env, *common)
         assert dry.returncode == 0, dry.stderr
         assert "local schema: valid" in dry.stdout and "needs an API key" in dry.stderr
-        assert "nothing was sent" in dry.stdout
+        assert "nothing was submitted" in dry.stdout
         dry_keyed = cli(keyed, *common)
         assert "dry-run endpoint /api/speed-tests/dry-run: HTTP 200, valid" in dry_keyed.stdout
         assert "verification: NOT verified (1 issue)" in dry_keyed.stdout

@@ -197,14 +197,19 @@ def submit_cmd(
                                   f"{sent.receipt['error']}; the response is sealed in "
                                   f"{sent.receipt_dir}")
             return
+        if key is not None:
+            # Said plainly: the service's dry-run endpoint takes the key (401 without one).
+            err_console.print(Text(f"dry run: the payload and your API key (${tgt.key_env}) go "
+                                   f"to {tgt.base_url} for validation; nothing is submitted"))
         result_dry = dry_run(directory, tgt, options, key=key, queue=queue, notify=_notify)
         _print_dry_run(result_dry)
         if not result_dry.valid:
             raise SubmitError("the payload does not validate; nothing would be sent")
         if result_dry.unverified:
-            out_console.print(Text("dry run only: nothing was sent; the service would not verify this "
+            out_console.print(Text("dry run only: nothing was submitted; the service would not verify this "
                                    "run (issues above): --send refuses it unless --allow-unverified"))
             return
-        out_console.print(Text(f"dry run only: nothing was sent; send with --send and ${tgt.key_env}"))
+        out_console.print(Text(f"dry run only: nothing was submitted; send with --send and "
+                               f"${tgt.key_env}"))
     finally:
         tgt.close()
