@@ -132,8 +132,10 @@ def _prefix_caching(argv: Sequence[str]) -> bool | None:
     return None
 
 
-# Flags whose value is a credential: `--api-key sk-…` or `--hf-token=hf_…`.
-_SECRET_FLAG = re.compile(r"^--?[\w-]*(token|key|secret|password|passwd)[\w-]*$", re.IGNORECASE)
+# Flags whose value is a credential: `--api-key sk-…` or `--hf-token=hf_…`. A whole word of
+# the flag must say so: `--num-speculative-tokens` and `--max-tokens` are not secrets.
+_SECRET_FLAG = re.compile(r"^--?(?:[a-z0-9]+[-_])*(?:token|key|apikey|secret|password|passwd)"
+                          r"(?:[-_][a-z0-9]+)*$", re.IGNORECASE)
 
 
 def redacted(value: str) -> str:
