@@ -122,7 +122,10 @@ def _load_json(path: Path, base: Path, problems: list[Problem]) -> Any:
 _LEG_CAPS = {layout.EVENTS: safe.JSONL_CAP, layout.SUITE: safe.JSONL_CAP,
              layout.TELEMETRY: safe.JSONL_CAP, layout.SERVER_LOG: safe.TEXT_CAP,
              layout.METRICS_BEFORE: safe.TEXT_CAP, layout.METRICS_AFTER: safe.TEXT_CAP,
-             layout.LEG_TEACHER: safe.JSON_CAP}
+             layout.LEG_TEACHER: safe.JSON_CAP,
+             # The sampler's header, read by probes.telemetry.read_samples (found by
+             # bench/hostile: a 1 GB one took 2.2 GB of memory).
+             Path(layout.TELEMETRY).stem + ".probes.json": safe.JSON_CAP}
 
 
 def _check_leg_files(run_dir: Path) -> None:
