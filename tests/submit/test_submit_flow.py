@@ -28,7 +28,7 @@ import pytest
 from paths import FIXTURES as FIXTURES_DIR
 from plan_support import MAX_TOKENS, TOPICS, plan_toml, suite_jsonl, write_plan
 from tokrecord.evidence import canonical_json, read_jsonl
-from tokrecord.evidence.seal import verify_seal
+from tokrecord.evidence.seal import signer_fingerprint, verify_seal
 from tokrecord.experiment.runner import run_experiment
 from tokrecord.record.build import build_record, finish
 from tokrecord.server.fake import output_token_ids, prompt_token_ids
@@ -423,6 +423,9 @@ def test_check_records_match_then_mismatch(record: Path, tmp_path: Path, ledger:
 def test_cli_dry_run_send_check_and_the_key_is_in_no_file(
         record: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     config = tmp_path / "cli-config"
+    # --send sends only evidence whose key is pinned: this config trusts the record's key.
+    config.mkdir()
+    (config / "trusted_keys").write_text(f"{signer_fingerprint(record)} the test's record\n")
     base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLUMNS": "200", "TERM": "dumb",
                 "TOKRECORD_CONFIG_DIR": str(config)}
     keyed = {**base_env, "LOCALMAXXING_API_KEY": KEY}
@@ -441,7 +444,7 @@ def test_cli_dry_run_send_check_and_the_key_is_in_no_file(
         dry = cli(base_env, *common)
         assert dry.returncode == 0, dry.stderr
         assert "local schema: valid" in dry.stdout and "needs an API key" in dry.stderr
-        assert "nothing was sent" in dry.stdout
+        assert "nothing was submitted" in dry.stdout
         dry_keyed = cli(keyed, *common)
         assert "dry-run endpoint /api/speed-tests/dry-run: HTTP 200, valid" in dry_keyed.stdout
         assert "verification: NOT verified (1 issue)" in dry_keyed.stdout

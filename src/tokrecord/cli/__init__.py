@@ -35,6 +35,8 @@ from tokrecord.demo.plan import (
 from tokrecord.engines import Endpoint, EngineName
 from tokrecord.errors import ConfigError, TokrecordError
 from tokrecord.evidence import WRITE_ERRNOS, evidence_error, read_json
+from tokrecord.evidence.safe import UnsafeEvidence, terminal_safe
+from tokrecord.evidence.safe import read_json as safe_read_json
 from tokrecord.evidence.seal import MANIFEST_NAME, load_or_create_key, seal, write_addendum
 from tokrecord.experiment.audit import audit_suite, judge_audit
 from tokrecord.experiment.leg import LegConfig, LegResult, run_leg, teacher_from_run
@@ -51,8 +53,8 @@ from tokrecord.gates import GateResult
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.metrics import Convention
 from tokrecord.record.build import build_record, finish
-from tokrecord.record.lint import lint_record
-from tokrecord.record.verify import verify_dir
+from tokrecord.record.lint import lint_untrusted
+from tokrecord.record.verify import verify_dir, verify_trusted
 from tokrecord.server import embedded, fake, xllamacpp
 from tokrecord.submit import make_target
 from tokrecord.submit.prior import recheck_prior, write_prior_check
@@ -569,14 +571,19 @@ def verify(
 
     if not directory.is_dir():
         raise ConfigError(f"{directory} is not a directory")
-    problems = verify_dir(directory, fingerprint)
-    if not problems:
-        out_console.print(f"{directory}: verified: every file matches the signed manifest, and "
-                          "every row, aggregate, gate and pair recomputes from the raw events")
+    checked = verify_trusted(directory, fingerprint)
+    # Names and values come from the evidence: no control character reaches the terminal.
+    where = terminal_safe(str(directory))
+    if checked.ok:
+        out_console.print(Text(f"{where}: verified: every file matches the signed manifest, and "
+                               "every row, aggregate, gate and pair recomputes from the raw "
+                               f"events; {checked.signer.describe()}"))
         return
-    for problem in problems:
-        out_console.print(Text(f"{directory}: {problem.file}: {problem.field}: {problem.message}"))
-    out_console.print(Text(f"{directory}: NOT verified ({len(problems)} problems)"))
+    for problem in checked.problems:
+        out_console.print(Text(terminal_safe(
+            f"{where}: {problem.file}: {problem.field}: {problem.message}")))
+    out_console.print(Text(f"{where}: NOT verified ({len(checked.problems)} problems); "
+                           f"{checked.signer.describe()}"))
     raise typer.Exit(1)
 
 
@@ -619,18 +626,19 @@ def lint(
     """Check a record's internal arithmetic (ours and the hand-made seed form)."""
 
 
+    # A record to lint may be anyone's: read like received evidence, printed without
+    # control characters.
     try:
-        record = json.loads(record_path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read {record_path}: {exc.strerror}") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{record_path}: not JSON: {exc}") from exc
-    problems = lint_record(record)
+        record = safe_read_json(record_path)
+    except UnsafeEvidence as exc:
+        raise ConfigError(terminal_safe(str(exc))) from exc
+    problems = lint_untrusted(record, str(record_path))
+    where = terminal_safe(str(record_path))
     if not problems:
-        out_console.print(f"{record_path}: arithmetic consistent")
+        out_console.print(Text(f"{where}: arithmetic consistent"))
         return
     for problem in problems:
-        out_console.print(Text(f"{record_path}: {problem}"))
+        out_console.print(Text(terminal_safe(f"{where}: {problem}")))
     raise typer.Exit(1)
 
 

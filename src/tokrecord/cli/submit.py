@@ -11,6 +11,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from tokrecord.evidence.safe import terminal_safe
+from tokrecord.record.verify import signer_of
 from tokrecord.submit import PayloadOptions, SubmitError, key_from_env, make_target
 from tokrecord.submit.cautions import record_cautions
 from tokrecord.submit.flow import (
@@ -181,6 +183,9 @@ def submit_cmd(
                                                     "named by content).")] = None,
     max_retries: Annotated[int, typer.Option(min=0, help="Retries after HTTP 429.")] = 3,
     max_wait_s: Annotated[float, typer.Option(min=0, help="Most seconds to wait on 429s.")] = 900.0,
+    fingerprint: Annotated[str | None, typer.Option(
+        help="Expected signing key fingerprint (SHA256:...), for evidence another key sealed.",
+    )] = None,
 ) -> None:
     """Submit a sealed record to a leaderboard: dry run by default; --send; --check [--wait] later."""
     if send_it and check_it:
@@ -199,7 +204,14 @@ def submit_cmd(
         options = PayloadOptions(hf_id=hf_id, model_revision=model_revision,
                                  quantization=quantization, engine_name=engine_name)
         key = key_from_env(tgt.key_env, tgt.key_pattern)
+        signer = signer_of(directory, fingerprint)
+        err_console.print(Text(f"{terminal_safe(str(directory))}: {signer.describe()}"))
         if send_it:
+            # A leaderboard entry speaks for whoever sealed it: never for an unknown key.
+            if not signer.pinned or fingerprint not in (None, signer.fingerprint):
+                raise SubmitError(f"{directory}: {signer.describe()}: --send sends only evidence "
+                                  "sealed by the local key, by a key in trusted_keys, or by the "
+                                  "key given with --fingerprint")
             if key is None:
                 raise SubmitError(f"--send needs an API key in ${tgt.key_env} (bhk_ + 40 hex); "
                                   "it is read from the environment only and never stored")
@@ -213,14 +225,19 @@ def submit_cmd(
                                   f"{sent.receipt['error']}; the response is sealed in "
                                   f"{sent.receipt_dir}")
             return
+        if key is not None:
+            # Said plainly: the service's dry-run endpoint takes the key (401 without one).
+            err_console.print(Text(f"dry run: the payload and your API key (${tgt.key_env}) go "
+                                   f"to {tgt.base_url} for validation; nothing is submitted"))
         result_dry = dry_run(directory, tgt, options, key=key, queue=queue, notify=_notify)
         _print_dry_run(result_dry)
         if not result_dry.valid:
             raise SubmitError("the payload does not validate; nothing would be sent")
         if result_dry.unverified:
-            out_console.print(Text("dry run only: nothing was sent; the service would not verify this "
+            out_console.print(Text("dry run only: nothing was submitted; the service would not verify this "
                                    "run (issues above): --send refuses it unless --allow-unverified"))
             return
-        out_console.print(Text(f"dry run only: nothing was sent; send with --send and ${tgt.key_env}"))
+        out_console.print(Text(f"dry run only: nothing was submitted; send with --send and "
+                               f"${tgt.key_env}"))
     finally:
         tgt.close()

@@ -9,9 +9,10 @@ it has one, so there is at most one).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Final
+
+from tokrecord.evidence import safe
 
 # -- a leg's run directory ------------------------------------------------------------------
 CONFIG: Final = "config.json"
@@ -92,9 +93,10 @@ def summary_status(run_dir: Path) -> str | None:
     path = run_dir / SUMMARY
     if not path.exists():
         return None
+    # Read as received evidence: verify and report ask this of a stranger's directory.
     try:
-        status = json.loads(path.read_text(encoding="utf-8")).get("status")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        status = safe.read_json_object(path).get("status")
+    except safe.UnsafeEvidence:
         return "unreadable"
     return str(status)
 

@@ -28,11 +28,12 @@ import base64
 import binascii
 import contextlib
 import hashlib
-import json
 import os
 import re
+import stat
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,7 +46,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from pydantic import BaseModel, ConfigDict
 
 from tokrecord.errors import TokrecordError
-from tokrecord.evidence import write_exclusive
+from tokrecord.evidence import safe, write_exclusive
 from tokrecord.identity.hashing import manifest_text, sha256_file
 
 MANIFEST_NAME = "manifest.sha256"
@@ -142,12 +143,26 @@ def keyid_of(raw_public_key: bytes) -> str:
     return hashlib.sha256(raw_public_key).hexdigest()
 
 
-def load_or_create_key(config_dir: Path | None = None) -> SigningKey:
-    """The user's signing key, created on first use as ``<config_dir>/signing-key.pem``."""
+def announce_to_stderr(key: SigningKey) -> None:
+    """The default announcement of a new key: a new key is a new identity in every seal,
+    so a changed config directory must not swap it silently."""
+    sys.stderr.write(f"tokrecord: created a new signing key {key.fingerprint} at {key.path} "
+                     "(every seal names it; back it up, and give this fingerprint to whoever "
+                     "verifies your evidence)\n")
+
+
+def load_or_create_key(config_dir: Path | None = None, *,
+                       on_create: Callable[[SigningKey], None] = announce_to_stderr
+                       ) -> SigningKey:
+    """The user's signing key, created on first use as ``<config_dir>/signing-key.pem``
+    (and announced through `on_create`)."""
     directory = config_dir if config_dir is not None else default_config_dir()
     path = directory / KEY_FILE_NAME
     if not path.exists():
         _create_key_file(directory, path)
+        key = _load_key(path)
+        on_create(key)
+        return key
     return _load_key(path)
 
 
@@ -202,9 +217,15 @@ def _write_exclusive(path: Path, data: bytes, mode: int) -> None:
 
 def _load_key(path: Path) -> SigningKey:
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            data = fh.read(1 << 16)
     except OSError as exc:
         raise SealError(f"cannot read signing key {path}: {exc.strerror}") from exc
+    if mode & 0o077:
+        # As ssh refuses a private key others can read: whoever reads it can seal as you.
+        raise SealError(f"signing key {path} is readable or writable by group or others "
+                        f"(mode {stat.S_IMODE(mode):04o}); fix it with: chmod 600 {path}")
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
@@ -315,7 +336,7 @@ def parse_manifest(data: bytes) -> tuple[list[tuple[str, str]], list[str]]:
             continue
         digest, rel = match.group(1), match.group(2)
         if not _safe_rel(rel):
-            errors.append(f"line {number}: path {rel!r} is not a plain relative path")
+            errors.append(f"line {number}: path {safe.excerpt(rel)} is not a plain relative path")
         elif rel in seen:
             errors.append(f"line {number}: {rel} is listed twice")
         else:
@@ -443,10 +464,12 @@ class Problem(BaseModel):
 
 
 def _read_plain(path: Path) -> bytes | None:
-    """Bytes of a regular file, or None; a symlinked seal file is never followed."""
-    if path.is_symlink() or not path.is_file():
+    """Bytes of a regular file, or None; a symlinked seal file is never followed, and
+    neither file of a seal is anywhere near the cap."""
+    try:
+        return safe.read_bytes(path, safe.TEXT_CAP)
+    except safe.UnsafeEvidence:
         return None
-    return path.read_bytes()
 
 
 def verify_seal(directory: Path, expected_fingerprint: str | None = None) -> list[Problem]:
@@ -474,9 +497,10 @@ def verify_seal(directory: Path, expected_fingerprint: str | None = None) -> lis
             )
             continue
         try:
-            actual = sha256_file(directory / rel)
-        except TokrecordError as exc:
-            problems.append(Problem(file=rel, field="sha256", message=f"cannot be read: {exc}"))
+            actual = safe.sha256_regular(directory / rel)
+        except safe.UnsafeEvidence as exc:
+            problems.append(Problem(file=rel, field="sha256", message=f"cannot be read: "
+                                    f"{exc.reason}"))
             continue
         if actual != digest:
             problems.append(
@@ -490,6 +514,35 @@ def verify_seal(directory: Path, expected_fingerprint: str | None = None) -> lis
 
     problems += _verify_envelope(directory, manifest_bytes, entries, expected_fingerprint)
     return problems
+
+
+def signer_fingerprint(directory: Path) -> str | None:
+    """The fingerprint of the key in `directory`'s signed statement, or None when there is
+    no readable one. Names the key only: verify_seal says whether the seal holds."""
+    raw = _read_plain(directory / SIGNATURE_NAME)
+    if raw is None:
+        return None
+    try:
+        envelope = safe.parse_json(raw, SIGNATURE_NAME)
+    except safe.UnsafeEvidence:
+        return None
+    payload = _b64decode(envelope.get("payload")) if isinstance(envelope, dict) else None
+    if payload is None:
+        return None
+    statement, _ = _parse_statement(payload)
+    key = _load_public_key(statement["predicate"].get("public_key")) if statement else None
+    return fingerprint_of(_raw_public(key)) if key is not None else None
+
+
+def local_fingerprint(config_dir: Path | None = None) -> str | None:
+    """The local signing key's fingerprint, or None when there is none (never creates one)."""
+    path = (config_dir if config_dir is not None else default_config_dir()) / KEY_FILE_NAME
+    if not path.is_file():
+        return None
+    try:
+        return _load_key(path).fingerprint
+    except SealError:
+        return None
 
 
 def _b64decode(value: object) -> bytes | None:
@@ -517,15 +570,16 @@ def _verify_envelope(
     if raw is None:
         return [problem("envelope", "missing")]
     try:
-        envelope = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        return [problem("envelope", f"not JSON: {exc}")]
+        envelope = safe.parse_json(raw, SIGNATURE_NAME)
+    except safe.UnsafeEvidence as exc:
+        return [problem("envelope", exc.reason)]
     if not isinstance(envelope, dict):
         return [problem("envelope", "not a JSON object")]
     problems: list[Problem] = []
     payload_type = envelope.get("payloadType")
     if payload_type != DSSE_PAYLOAD_TYPE:
-        problems.append(problem("payloadType", f"is {payload_type!r}, expected {DSSE_PAYLOAD_TYPE!r}"))
+        problems.append(problem("payloadType", f"is {safe.excerpt(payload_type)}, "
+                                               f"expected {DSSE_PAYLOAD_TYPE!r}"))
     payload = _b64decode(envelope.get("payload"))
     if payload is None:
         return [*problems, problem("payload", "missing or not base64")]
@@ -546,7 +600,8 @@ def _verify_envelope(
         actual_fp = fingerprint_of(_raw_public(public_key))
         if predicate.get("fingerprint") != actual_fp:
             problems.append(
-                problem("predicate.fingerprint", f"says {predicate.get('fingerprint')!r}, key is {actual_fp}")
+                problem("predicate.fingerprint",
+                        f"says {safe.excerpt(predicate.get('fingerprint'))}, key is {actual_fp}")
             )
         if expected_fingerprint is not None and actual_fp != expected_fingerprint:
             problems.append(
@@ -565,7 +620,7 @@ def _verify_envelope(
             problems.append(
                 problem(
                     "predicate.manifest_sha256",
-                    f"manifest sha256 is {actual}, the signed statement says {claimed!r}",
+                    f"manifest sha256 is {actual}, the signed statement says {safe.excerpt(claimed)}",
                     file=MANIFEST_NAME,
                 )
             )
@@ -575,9 +630,9 @@ def _verify_envelope(
 
 def _parse_statement(payload: bytes) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
     try:
-        statement = json.loads(payload)
-    except (UnicodeDecodeError, ValueError) as exc:
-        return None, [("statement", f"payload is not JSON: {exc}")]
+        statement = safe.parse_json(payload, "payload")
+    except safe.UnsafeEvidence as exc:
+        return None, [("statement", f"payload {exc.reason}")]
     if not isinstance(statement, dict):
         return None, [("statement", "payload is not a JSON object")]
     problems: list[tuple[str, str]] = []
@@ -589,10 +644,12 @@ def _parse_statement(payload: bytes) -> tuple[dict[str, Any] | None, list[tuple[
         # Also catches duplicate keys, which different JSON parsers resolve differently.
         problems.append(("statement", "payload is not RFC 8785 canonical JSON"))
     if statement.get("_type") != STATEMENT_TYPE:
-        problems.append(("statement._type", f"is {statement.get('_type')!r}, expected {STATEMENT_TYPE!r}"))
+        problems.append(("statement._type", f"is {safe.excerpt(statement.get('_type'))}, "
+                                            f"expected {STATEMENT_TYPE!r}"))
     if statement.get("predicateType") != PREDICATE_TYPE:
         problems.append(
-            ("statement.predicateType", f"is {statement.get('predicateType')!r}, expected {PREDICATE_TYPE!r}")
+            ("statement.predicateType", f"is {safe.excerpt(statement.get('predicateType'))}, "
+                                        f"expected {PREDICATE_TYPE!r}")
         )
     if not isinstance(statement.get("predicate"), dict):
         problems.append(("statement.predicate", "missing or not an object"))

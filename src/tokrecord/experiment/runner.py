@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -264,14 +265,19 @@ def experiment_lock(exp_dir: Path) -> Iterator[None]:
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        # O_NOFOLLOW: the pid is written into the lock below, and a lock replaced by a
+        # symlink must not redirect that write (and its truncation) to another file.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         # flock needs no write access: an existing lock on a read-only file system still
         # locks (and the run then fails on its first write, with the right message).
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             raise _written(exc, path) from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ExperimentBusyError(f"lock {path} is not a regular file; remove it and run again")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

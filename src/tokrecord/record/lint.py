@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from scipy import stats as sps
 
+from tokrecord.evidence.safe import excerpt
 from tokrecord.experiment.plan import abba_design, abba_pairs
 from tokrecord.experiment.stats import ANALYSIS_METHOD, abba_df, fit_legs, verdict
 
@@ -34,7 +35,9 @@ class LintProblem(BaseModel):
     def __str__(self) -> str:
         if self.expected is None and self.found is None:
             return f"{self.field}: {self.message}"
-        return f"{self.field}: {self.message} (found {self.found!r}, expected {self.expected!r})"
+        # `found` came from the record, which may be a stranger's: a bounded, escaped excerpt.
+        return (f"{self.field}: {self.message} (found {excerpt(self.found)}, "
+                f"expected {excerpt(self.expected)})")
 
 
 class _Linter:
@@ -530,3 +533,20 @@ def lint_record(record: Mapping[str, Any]) -> list[LintProblem]:
     for check in checks:
         check(lint)
     return lint.problems
+
+
+# What a check raises on JSON of the wrong shape (a list where a number belongs, ...).
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
+              ArithmeticError)
+
+
+def lint_untrusted(record: Any, source: str) -> list[LintProblem]:
+    """lint_record for a record read from anyone: a shape the checks do not expect is a
+    problem naming the record, never a traceback."""
+    if not isinstance(record, Mapping):
+        return [LintProblem(field="(record)", message=f"{source} is not a JSON object")]
+    try:
+        return lint_record(record)
+    except _MALFORMED as exc:
+        return [LintProblem(field="(record)", message=f"malformed: {type(exc).__name__}: "
+                            f"{excerpt(str(exc))}")]

@@ -13,20 +13,26 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tokrecord.client.stream import replay_row
 from tokrecord.errors import TokrecordError
-from tokrecord.evidence import TornLineError, layout, read_jsonl, scan_jsonl
+from tokrecord.evidence import TornLineError, layout, read_jsonl, safe, scan_jsonl
 from tokrecord.evidence.seal import (
     ADDENDA_SUFFIX,
     ADDENDUM_FILE_NAME,
     MANIFEST_NAME,
     Problem,
+    default_config_dir,
+    local_fingerprint,
+    signer_fingerprint,
     verify_seal,
 )
+from tokrecord.evidence.trust import TRUST_FILE_NAME, Signer, load_trusted, pin
 from tokrecord.experiment.leg import (
     LegConfig,
     LegResult,
@@ -101,22 +107,40 @@ def diff(found: Any, expected: Any, field: str = "") -> list[tuple[str, str]]:
         for i, (a, b) in enumerate(zip(found, expected, strict=True)):
             out.extend(diff(a, b, f"{field}[{i}]"))
         return out
+    # Values came from evidence: shown only as bounded, escaped excerpts.
     if isinstance(found, float) and isinstance(expected, float):
         if not math.isclose(found, expected, rel_tol=1e-12, abs_tol=0.0):
-            out.append((field, f"recorded {found!r}, recomputed {expected!r}"))
+            out.append((field, f"recorded {safe.excerpt(found)}, "
+                               f"recomputed {safe.excerpt(expected)}"))
         return out
     if found != expected:
-        out.append((field, f"recorded {found!r}, recomputed {expected!r}"))
+        out.append((field, f"recorded {safe.excerpt(found)}, recomputed {safe.excerpt(expected)}"))
     return out
 
 
 def _load_json(path: Path, base: Path, problems: list[Problem]) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return safe.read_json(path)
+    except safe.UnsafeEvidence as exc:
         problems.append(Problem(file=_rel(path, base), field="(file)",
-                                message=f"cannot read as JSON: {exc}"))
+                                message=f"cannot read as JSON: {exc.reason}"))
         return None
+
+
+# Caps for the files verify_leg hands to parsers that open them by name.
+_LEG_CAPS = {layout.EVENTS: safe.JSONL_CAP, layout.SUITE: safe.JSONL_CAP,
+             layout.TELEMETRY: safe.JSONL_CAP, layout.SERVER_LOG: safe.TEXT_CAP,
+             layout.METRICS_BEFORE: safe.TEXT_CAP, layout.METRICS_AFTER: safe.TEXT_CAP,
+             layout.LEG_TEACHER: safe.JSON_CAP,
+             # The sampler's header, read by probes.telemetry.read_samples (found by
+             # bench/hostile: a 1 GB one took 2.2 GB of memory).
+             Path(layout.TELEMETRY).stem + ".probes.json": safe.JSON_CAP}
+
+
+def _check_leg_files(run_dir: Path) -> None:
+    for name, cap in _LEG_CAPS.items():
+        if os.path.lexists(run_dir / name):
+            safe.check_regular(run_dir / name, cap)
 
 
 def _leg_config(run_dir: Path, base: Path, problems: list[Problem]
@@ -138,7 +162,27 @@ def _leg_config(run_dir: Path, base: Path, problems: list[Problem]
 
 
 def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | None]:
-    """Recompute one leg from its raw evidence; compare with what it recorded."""
+    """Recompute one leg from its raw evidence; compare with what it recorded.
+
+    The evidence may be a stranger's, re-sealed with their key: whatever its content
+    makes a parser raise is a problem naming the leg, never a traceback."""
+    try:
+        _check_leg_files(run_dir)
+        return _verify_leg(run_dir, base)
+    except safe.UnsafeEvidence as exc:
+        return [Problem(file=_rel(Path(exc.file), base), field="(file)", message=exc.reason)], None
+    except _MALFORMED as exc:
+        return [Problem(file=_rel(run_dir, base), field="(leg)",
+                        message=f"cannot be recomputed: malformed evidence "
+                        f"({type(exc).__name__}: {safe.excerpt(str(exc))})")], None
+
+
+# What a parser raises on well-formed JSON of the wrong shape, or on nesting past the stack.
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
+              UnicodeDecodeError, OSError, TokrecordError)
+
+
+def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | None]:
     problems: list[Problem] = []
     config, legacy = _leg_config(run_dir, base, problems)
     summary_raw = _load_json(run_dir / layout.SUMMARY, base, problems)
@@ -187,7 +231,7 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
     cleanup = (CleanupReport.model_validate({k: v for k, v in cleanup_raw.items() if k != "passed"})
                if cleanup_raw else None)
     teacher = load_teacher(run_dir / "teacher.json") if (run_dir / "teacher.json").exists() else None
-    log = run_dir / "server.log"
+    log = run_dir / layout.SERVER_LOG
     idle_raw = _load_json(run_dir / layout.IDLE, base, problems) \
         if (run_dir / layout.IDLE).exists() else {}
     idle: dict[str, IdleResult | None] = {
@@ -215,7 +259,7 @@ def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | No
         for field, message in diff(summary_raw["covariates"],
                                    covariates.model_dump(mode="json", by_alias=True), "covariates"):
             problems.append(Problem(file=summary_file, field=field, message=message))
-    server_log = log.read_text(errors="replace") if log.exists() else ""
+    server_log = safe.read_text(log, strict=False) if log.exists() else ""
     gates = evaluate_gates(
         records, config, engine, cleanup, teacher,
         requests=[e for e in events if e.get("kind") == "request"], metrics_before=before,
@@ -266,21 +310,51 @@ def _leg_dirs(exp_dir: Path) -> dict[str, Path]:
 
 
 def verify_dir(directory: Path, expected_fingerprint: str | None = None) -> list[Problem]:
-    """Every problem found in a sealed leg or experiment directory (empty: verified)."""
+    """Every problem found in a sealed leg or experiment directory (empty: verified).
+
+    Nothing is recomputed from a directory whose seal fails: its files may be links to
+    the verifier's own secrets, devices or FIFOs, and a recomputed value would echo them."""
     problems: list[Problem] = []
-    if expected_fingerprint is None and (directory / layout.RECORD).exists():
+    if expected_fingerprint is None and os.path.lexists(directory / layout.RECORD):
         # Without a fingerprint from the user, at least the key must be the one the
         # record names (a re-seal by another key shows).
         try:
-            seal_info = json.loads((directory / layout.RECORD).read_text()).get("seal") or {}
-            expected_fingerprint = seal_info.get("public_key_fingerprint")
-        except (OSError, json.JSONDecodeError, AttributeError):
+            seal_info = safe.read_json_object(directory / layout.RECORD).get("seal") or {}
+            named = seal_info.get("public_key_fingerprint") if isinstance(seal_info, dict) else None
+            expected_fingerprint = named if isinstance(named, str) else None
+        except safe.UnsafeEvidence:
             pass
-    if (directory / MANIFEST_NAME).exists():
+    if os.path.lexists(directory / MANIFEST_NAME):
         problems.extend(verify_seal(directory, expected_fingerprint))
     else:
         problems.append(Problem(file=MANIFEST_NAME, field="(file)",
                                 message="not sealed: no manifest.sha256"))
+    if any(not _content_edit(p) for p in problems):
+        problems.append(Problem(file=".", field="(recompute)",
+                                message="skipped: nothing is recomputed from evidence whose "
+                                "seal does not hold"))
+        return problems
+    try:
+        problems.extend(_recompute(directory))
+    except safe.UnsafeEvidence as exc:
+        problems.append(Problem(file=_rel(Path(exc.file), directory), field="(file)",
+                                message=exc.reason))
+    except _MALFORMED as exc:
+        problems.append(Problem(file=".", field="(recompute)",
+                                message=f"cannot be recomputed: malformed evidence "
+                                f"({type(exc).__name__}: {safe.excerpt(str(exc))})"))
+    return problems
+
+
+def _content_edit(problem: Problem) -> bool:
+    """A listed regular file whose bytes changed, and nothing else wrong with the seal:
+    recomputing still names the edited field, and reads nothing from outside the
+    directory (links, devices, FIFOs and unlisted files fail the seal otherwise)."""
+    return problem.field == "sha256" and problem.message.startswith("sha256 is ")
+
+
+def _recompute(directory: Path) -> list[Problem]:
+    problems: list[Problem] = []
     if (directory / ADDENDUM_FILE_NAME).exists():
         problems.extend(_verify_addendum(directory))
     elif (directory / layout.PLAN).exists():
@@ -321,6 +395,8 @@ def _torn_problems(exp_dir: Path) -> list[Problem]:
     state = exp_dir / layout.STATE
     if not state.exists():
         return []
+    for path in [state, *exp_dir.rglob("*.jsonl")]:
+        safe.check_regular(path, safe.JSONL_CAP)
     named = {(e.get("file"), e.get("line")) for e in scan_jsonl(state)[0]
              if e.get("event") == "torn_jsonl"}
     problems = []
@@ -340,11 +416,13 @@ def _verify_experiment(exp_dir: Path) -> list[Problem]:
     if plan_raw is None:
         return problems
     plan = Plan.model_validate(plan_raw)
-    registered = (exp_dir / layout.PLAN_HASH).read_text().split()[0] \
-        if (exp_dir / layout.PLAN_HASH).exists() else None
+    registered_text = safe.read_text(exp_dir / layout.PLAN_HASH) \
+        if (exp_dir / layout.PLAN_HASH).exists() else ""
+    registered = registered_text.split()[0] if registered_text.split() else None
     if registered != plan.sha256:
         problems.append(Problem(file=layout.PLAN_HASH, field="sha256",
-                                message=f"preregistered {registered}, plan.json hashes to {plan.sha256}"))
+                                message=f"preregistered {safe.excerpt(registered)}, plan.json "
+                                f"hashes to {plan.sha256}"))
     problems.extend(_torn_problems(exp_dir))
     results: dict[str, LegResult] = {}
     for name, run_dir in _leg_dirs(exp_dir).items():
@@ -373,3 +451,37 @@ def _verify_experiment(exp_dir: Path) -> list[Problem]:
     for field, message in diff(recorded, recomputed):
         problems.append(Problem(file=layout.RECORD, field=field, message=message))
     return problems
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What `verify` found, and who signed: every command that reads received evidence
+    (verify, report, submit) asks this, so all pin a key the same way."""
+
+    problems: list[Problem]
+    signer: Signer
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_trusted(directory: Path, expected_fingerprint: str | None = None,
+                   config_dir: Path | None = None) -> Verified:
+    """verify_dir, plus the signer's fingerprint and how it is pinned (evidence.trust): by
+    `expected_fingerprint`, the trust file, the local key, or not at all. A leg, an
+    experiment and an addendum are held to the same rules."""
+    problems = verify_dir(directory, expected_fingerprint)
+    return Verified(problems=problems, signer=signer_of(directory, expected_fingerprint,
+                                                        config_dir))
+
+
+def signer_of(directory: Path, expected_fingerprint: str | None = None,
+              config_dir: Path | None = None) -> Signer:
+    """The key `directory`'s seal names and how it is pinned; whether the seal holds is
+    verify_dir's question."""
+    where = config_dir if config_dir is not None else default_config_dir()
+    trust_file = where / TRUST_FILE_NAME
+    return pin(signer_fingerprint(directory), expected=expected_fingerprint,
+               trusted=load_trusted(trust_file), trust_file=trust_file,
+               local=local_fingerprint(where))

@@ -603,6 +603,8 @@ def _identity(d: ReportData) -> str:
         more = f"<li>… and {v.total - len(v.problems)} more</li>" if v.total > len(v.problems) else ""
         parts.append(f'<p><b>Verification</b>: <span class="fail">NOT verified</span> — {v.total} '
                      f"problems (tokrecord verify):</p><ul>{items}{more}</ul>")
+    if v.signer:
+        parts.append(f"<p><b>Signer</b>: {_e(v.signer)}</p>")
     parts.append(_facts(d.identity))
     if d.protocol:
         parts.append("<h3>Protocol</h3>" + _facts(d.protocol))

@@ -19,7 +19,6 @@ nothing.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,14 +26,14 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from tokrecord.errors import ConfigError
-from tokrecord.evidence import layout, read_json
+from tokrecord.evidence import layout, safe
 from tokrecord.evidence.seal import ADDENDUM_FILE_NAME, MANIFEST_NAME, SIGNATURE_NAME, addenda_dir
-from tokrecord.experiment.leg import LegResult, RowRecord, load_rows
+from tokrecord.experiment.leg import LegResult, RowRecord
 from tokrecord.experiment.noise import NoiseDiagnostic, legs_in_order, noise_diagnostic
 from tokrecord.identity import Identity
 from tokrecord.probes.covariates import covariates_from_run_dir
-from tokrecord.record.schema import AnyRecord, SingleLegRecord, load_record
-from tokrecord.record.verify import verify_dir
+from tokrecord.record.schema import AnyRecord, SingleLegRecord, validate_record
+from tokrecord.record.verify import Verified, verify_trusted
 
 from .derive import (
     NOT_VERIFIED,
@@ -68,15 +67,22 @@ class NullReportObserver:
 # --------------------------------------------------------------------------- files
 
 
+# The directory may be a stranger's: every file is read through evidence.safe (no links,
+# regular files only, capped, bounded JSON).
+
+
 def _read_json(path: Path) -> Any:
-    return read_json(path, ConfigError)
+    try:
+        return safe.read_json(path)
+    except safe.UnsafeEvidence as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _maybe_json(path: Path) -> Any:
     """The JSON in path, or None when it is absent or unreadable (a report degrades)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return safe.read_json(path)
+    except safe.UnsafeEvidence:
         return None
 
 
@@ -91,8 +97,8 @@ def _maybe_identity(path: Path) -> Identity | None:
 
 def _maybe_text(path: Path) -> str | None:
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        return safe.read_text(path)
+    except safe.UnsafeEvidence:
         return None
 
 
@@ -106,17 +112,28 @@ def _rel(path: Path, base: Path) -> str:
 def _read_telemetry(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
+    try:
+        text = safe.read_text(path, safe.JSONL_CAP, strict=False)
+    except safe.UnsafeEvidence:
+        return []
     out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in text.splitlines():
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
+            obj = safe.parse_json(line.encode("utf-8", "replace"), str(path))
+        except safe.UnsafeEvidence:
             break  # a last line cut short by a hard kill
         if isinstance(obj, dict):
             out.append(obj)
     return out
+
+
+def _load_record(path: Path) -> AnyRecord:
+    obj = _read_json(path)
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{path}: not a record")
+    return validate_record(obj, source=str(path), sealed_before_probes_ok=True)
 
 
 # --------------------------------------------------------------------------- one leg
@@ -133,9 +150,12 @@ def load_leg(run_dir: Path, base: Path, *, name: str | None = None,
     rows: list[RowRecord] = []
     if (run_dir / layout.ROWS).exists():
         try:
-            rows = load_rows(run_dir)
-        except (OSError, ValueError) as exc:
-            warnings.append(f"rows.json could not be read ({exc}); no per-row figures")
+            raw_rows = safe.read_json_object(run_dir / layout.ROWS)
+            rows = [RowRecord.model_validate(r) for r in raw_rows["rows"]]
+        except safe.UnsafeEvidence as exc:
+            warnings.append(f"rows.json could not be read ({exc.reason}); no per-row figures")
+        except (KeyError, TypeError, ValueError):
+            warnings.append("rows.json is not a list of rows; no per-row figures")
     else:
         warnings.append("no rows.json: no per-row figures")
     view = leg_view(
@@ -181,23 +201,47 @@ def _identity_leg(directory: Path) -> tuple[Fact, ...]:
     return identity_leg(_maybe_json(directory / layout.CONFIG) or {}, _seal_facts(directory))
 
 
-def _addenda_docs(directory: Path) -> list[tuple[str, Any]]:
+def _addenda_checked(directory: Path) -> list[tuple[str, Any, Verified]]:
+    """Each addendum with what `verify` finds in it: its seal, and its parent's hash."""
     root = addenda_dir(directory)
-    if not root.is_dir():
+    if root.is_symlink() or not root.is_dir():
         return []
-    return [(sub.name, _maybe_json(sub / ADDENDUM_FILE_NAME))
-            for sub in sorted(p for p in root.iterdir() if p.is_dir())]
+    return [(sub.name, _maybe_json(sub / ADDENDUM_FILE_NAME), verify_trusted(sub))
+            for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())]
+
+
+def _addenda_docs(directory: Path) -> list[tuple[str, Any]]:
+    """The addenda that verify: only these are facts (a submission's status, say)."""
+    return [(name, doc) for name, doc, checked in _addenda_checked(directory) if checked.ok]
 
 
 def _addenda(directory: Path) -> tuple[Addendum, ...]:
-    return addenda(_addenda_docs(directory))
+    """Verified addenda as they are; one that fails is shown as unverified, its content
+    not at all (anyone can write an addendum.json saying APPROVED)."""
+    out: list[Addendum] = []
+    for name, doc, checked in _addenda_checked(directory):
+        if checked.ok:
+            shown = addenda([(name, doc)])
+            if not checked.signer.pinned:
+                shown = tuple(a.model_copy(update={"kind": f"{a.kind} "
+                                                   f"({checked.signer.describe()})"})
+                              for a in shown)
+            out.extend(shown)
+        else:
+            first = checked.problems[0]
+            out.append(Addendum(name=name, kind="NOT verified", created_utc="",
+                                text=f"content not shown: {first.file}: {first.field}: "
+                                f"{first.message}"[:300]))
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------- verification
 
 
 def verification(directory: Path) -> Verification:
-    return verification_view(verify_dir(directory))
+    checked = verify_trusted(directory)
+    return verification_view(checked.problems).model_copy(
+        update={"signer": checked.signer.describe()})
 
 
 # --------------------------------------------------------------------------- the report
@@ -224,19 +268,20 @@ def load_report(
                           "report one of its legs, e.g. tokrecord report DIR/A1/attempt-1")
     else:
         raise ConfigError(f"{directory}: neither an experiment (record.json) nor a leg (summary.json)")
-    data = build(directory, leg=leg, row=row, observer=obs)
+    # Verified first, as `tokrecord verify` would, with the same key pinning.
     if verify:
         obs.report_step("verifying: re-hashing every file and recomputing from the raw events")
         checked = verification(directory)
     else:
         checked = NOT_VERIFIED
+    data = build(directory, leg=leg, row=row, observer=obs)
     return data.model_copy(update={"verification": checked,
                                    "submissions": submissions(_addenda_docs(directory))})
 
 
 def _experiment_report(directory: Path, *, leg: str | None, row: str | None,
                        observer: ReportObserver) -> ReportData:
-    record = load_record(directory / layout.RECORD)
+    record = _load_record(directory / layout.RECORD)
     plan = experiment_legs(record)
     views: dict[str, LegView] = {}
     rows: dict[str, list[RowRecord]] = {}

@@ -289,6 +289,7 @@ class Verification(_Frozen):
     total: int = 0  # problems found
     problems: tuple[str, ...] = ()  # the first few, "file: field: message"
     note: str = ""
+    signer: str = ""  # "signed by SHA256:… (how it was pinned)", from evidence.trust
 
 
 class Attempt(_Frozen):

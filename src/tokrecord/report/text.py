@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from tokrecord.evidence.safe import terminal_safe
 from tokrecord.gates import GateStatus
 from tokrecord.metrics.rows import ROW_FLAGS
 
@@ -165,12 +166,14 @@ def evidence_text(d: ReportData) -> str:
     v = d.verification
     if not v.checked:
         return v.note
+    signer = f"; {v.signer}" if v.signer else ""
     if v.ok:
-        return "verified: every file matches the signed manifest; every figure recomputes"
+        return ("verified: every file matches the signed manifest; every figure recomputes"
+                + signer)
     first = v.problems[0] if v.problems else ""
     if len(first) > PROBLEM_CHARS:
         first = first[:PROBLEM_CHARS - 1] + "…"
-    return f"NOT verified ({v.total} problems; tokrecord verify lists them): {first}"
+    return f"NOT verified ({v.total} problems; tokrecord verify lists them): {first}{signer}"
 
 
 _BY_IDS = re.compile(r"(\d+)/(\d+) by ids(?:, (\d+) by text)?")
@@ -301,8 +304,26 @@ def render_terminal(d: ReportData, width: int = 100) -> str:
 
 
 def _md(text: object) -> str:
-    """Safe inside a markdown table cell."""
-    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    """Safe inside a markdown table cell, and as plain text anywhere in a line: values
+    come from evidence that may be a stranger's, so no raw HTML (`<script>`, `<img
+    onerror>`), no link or image syntax, no code span and no control character survive."""
+    out = terminal_safe(str(text)).replace("\\", "\\\\").replace("\n", " ")
+    for char, escaped in _MD_ESCAPES:
+        out = out.replace(char, escaped)
+    return out
+
+
+def _code(text: object) -> str:
+    """A value as a code span: markdown reads nothing inside one (no HTML, no links), so
+    only a backtick, which would close it, and line breaks are taken out."""
+    return "`" + terminal_safe(str(text)).replace("`", "'").replace("\n", " ") + "`"
+
+
+# `&` first, so the entities below are not escaped again.
+# A link or an image needs `](`: breaking that pair is enough (a lone bracket is text,
+# and a CI reads "[1.02, 1.11]").
+_MD_ESCAPES = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("|", "\\|"), ("](", "]\\("),
+               ("`", "\\`"))
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
@@ -324,16 +345,16 @@ def _md_interval(a: Analysis) -> str:
 def render_markdown(d: ReportData) -> str:
     """A summary for a pull request or a forum post (GitHub-flavoured markdown)."""
     out = [f"## tokrecord report: {_md(d.title)}", ""]
-    sub = [kind_text(d)] + ([d.date] if d.date else []) + [f"status `{d.status}`"]
+    sub = [_md(kind_text(d))] + ([_md(d.date)] if d.date else []) + [f"status {_code(d.status)}"]
     out += [" · ".join(sub), ""]
     h = d.headline
     bound = f", ±{h.quantisation_bound_pct:.2f} % per-token quantisation" if h.quantisation_bound_pct else ""
     out.append(f"- **Headline: {fmt.num(h.value)} tok/s**"
-               + (f" (leg {h.leg}, {h.arm})" if h.leg else "")
-               + f" — {h.convention} `{h.formula}`{bound}")
+               + (f" (leg {_md(h.leg)}, {_md(h.arm)})" if h.leg else "")
+               + f" — {_md(h.convention)} {_code(h.formula)}{bound}")
     control = control_figure(d)
     if control is not None:
-        out.append(f"- **Control: {fmt.num(control.value)} tok/s** (leg {control.leg}, the lower "
+        out.append(f"- **Control: {fmt.num(control.value)} tok/s** (leg {_md(control.leg)}, the lower "
                    "control leg)" + (f"; the headline is {fmt.pct(control.delta_pct)} on it"
                                      if control.delta_pct is not None else ""))
     out.append(f"- **Verdict: {d.verdict}**" + (
@@ -341,19 +362,19 @@ def render_markdown(d: ReportData) -> str:
         f"{100 * d.bootstrap.confidence:.0f} % CI [{d.bootstrap.ci_low:.4f}, {d.bootstrap.ci_high:.4f}] "
         f"(paired bootstrap, {d.bootstrap.samples} samples, equivalence "
         f"±{d.bootstrap.equivalence_pct:g} %)" if d.bootstrap else
-        f" — {_md_interval(d.analysis)}" if d.analysis else ""))
-    out += [f"- **{label.capitalize()}:** {line}" for label, line in v2_lines(d)]
+        f" — {_md(_md_interval(d.analysis))}" if d.analysis else ""))
+    out += [f"- **{_md(label.capitalize())}:** {_md(line)}" for label, line in v2_lines(d)]
     record = record_text(d)
     if record is not None:
-        out.append(f"- **Record gate:** {record}")
-    out.append(f"- **Gates:** {gates_text(d)}")
+        out.append(f"- **Record gate:** {_md(record)}")
+    out.append(f"- **Gates:** {_md(gates_text(d))}")
     out += [f"- **Submission:** {_md(line)}" for line in d.submissions]
-    out.append(f"- **Evidence:** {evidence_text(d)}")
+    out.append(f"- **Evidence:** {_md(evidence_text(d))}")
     out += ["", "### Legs", ""]
     out += _md_table(LEG_COLUMNS, [_leg_cells(leg) for leg in d.legs],
                      {i for i, c in enumerate(LEG_COLUMNS) if c in _NUMERIC})
     if d.pairs:
-        out += ["", f"### Pairs ({pairs_what(d)})", ""]
+        out += ["", f"### Pairs ({_md(pairs_what(d))})", ""]
         out += _md_table(
             ("pair", "headline Δ", "paired median Δ", "row wins", "pass", "failed criteria"),
             [(p.name, fmt.pct(p.headline_delta_pct), fmt.pct(p.paired_median_delta_pct), p.row_wins,
@@ -382,10 +403,10 @@ def render_markdown(d: ReportData) -> str:
     warnings = [(leg.name, w) for leg in d.legs for w in leg.warnings]
     if warnings:
         out += ["", f"<details><summary>Warnings ({len(warnings)})</summary>", ""]
-        out += [f"- {leg}: {_md(w)}" for leg, w in warnings]
+        out += [f"- {_md(leg)}: {_md(w)}" for leg, w in warnings]
         out += ["", "</details>"]
     ident = {f.label: f.value for f in d.identity}
-    bits = [f"{label} `{ident[label]}`" for label in ("tokrecord", "plan sha256", "signing key")
+    bits = [f"{label} {_code(ident[label])}" for label in ("tokrecord", "plan sha256", "signing key")
             if label in ident]
     if bits:
         out += ["", "<sub>" + " · ".join(bits) + "</sub>"]

@@ -38,6 +38,16 @@ LEG_ENV = "TOKRECORD_LEG"
 RUN_DIR_ENV = "TOKRECORD_RUN_DIR"
 
 
+# tokrecord's own credentials: the server under test never needs them, and a server
+# that logs its environment would seal them into server.log (submit.localmaxxing.KEY_ENV).
+OWN_CREDENTIAL_ENV = frozenset({"LOCALMAXXING_API_KEY"})
+
+
+def server_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment a server inherits: tokrecord's, less tokrecord's own credentials."""
+    return {k: v for k, v in environ.items() if k not in OWN_CREDENTIAL_ENV}
+
+
 class CleanupReport(BaseModel):
     """What stopping the server left behind."""
 
@@ -255,7 +265,7 @@ class ServerProcess:
 
     def start(self) -> None:
         check_port_free(self.port, self.host)
-        env = {**os.environ, **self.env}
+        env = {**server_environ(os.environ), **self.env}
         # Exclusive create: a run dir's server log is evidence and is never replaced.
         self._log = open(self.log_path, "xb")  # noqa: SIM115 - closed in stop()
         # A bare program name not on PATH may be one of the venv's console scripts

@@ -13,8 +13,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from tokrecord.submit.facts import RecordFacts, SubmitError, load_facts
 from tokrecord.submit.localmaxxing import DEFAULT_URL, URL_ENV, USER_AGENT, USER_AGENT_ENV, LocalMaxxing
@@ -26,8 +29,24 @@ __all__ = ["TARGETS", "ApiKey", "PayloadOptions", "RecordFacts", "SubmitError", 
 
 def _localmaxxing(url: str | None) -> Target:
 
-    return LocalMaxxing(url or os.environ.get(URL_ENV) or DEFAULT_URL,
-                        user_agent=os.environ.get(USER_AGENT_ENV) or USER_AGENT)
+    base = url or os.environ.get(URL_ENV) or DEFAULT_URL
+    require_https_unless_loopback(base)
+    return LocalMaxxing(base, user_agent=os.environ.get(USER_AGENT_ENV) or USER_AGENT)
+
+
+def require_https_unless_loopback(url: str) -> None:
+    """A bearer key and the evidence travel in the request: plain http:// only to this
+    machine (a local stand-in), never across a network."""
+    parsed = urlsplit(url)
+    host = (parsed.hostname or "").lower()
+    if parsed.scheme == "https":
+        return
+    loopback = host == "localhost"
+    with contextlib.suppress(ValueError):
+        loopback = loopback or ipaddress.ip_address(host).is_loopback
+    if parsed.scheme != "http" or not loopback:
+        raise SubmitError(f"refusing {url!r}: use https:// (plain http:// only to a loopback "
+                          "address such as 127.0.0.1, for a local stand-in)")
 
 
 # name -> factory(base URL or None for the target's default); add a target here.

@@ -133,11 +133,42 @@ def _prefix_caching(argv: Sequence[str]) -> bool | None:
     return None
 
 
+# Flags whose value is a credential: `--api-key sk-…` or `--hf-token=hf_…`. A whole word of
+# the flag must say so: `--num-speculative-tokens` and `--max-tokens` are not secrets.
+_SECRET_FLAG = re.compile(r"^--?(?:[a-z0-9]+[-_])*(?:token|key|apikey|secret|password|passwd)"
+                          r"(?:[-_][a-z0-9]+)*$", re.IGNORECASE)
+
+
+def redacted(value: str) -> str:
+    """A secret as it may be published: its name stays beside it, its value does not; the
+    hash prefix lets its owner recognise it."""
+    return f"<redacted: sha256 {hashlib.sha256(value.encode()).hexdigest()[:12]}>"
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """argv with the value of every secret-looking flag redacted (both `--flag v` and
+    `--flag=v`)."""
+    out: list[str] = []
+    secret_next = False
+    for arg in argv:
+        if secret_next:
+            out.append(redacted(arg))
+            secret_next = False
+            continue
+        flag, eq, value = arg.partition("=")
+        if _SECRET_FLAG.match(flag):
+            out.append(f"{flag}={redacted(value)}" if eq else arg)
+            secret_next = not eq
+            continue
+        out.append(arg)
+    return out
+
+
 def command_snippet(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, list[str]]:
     """The server command as run (placeholders kept), env first; credentials left out."""
     hidden = sorted(k for k in env if _SECRET_ENV.search(k))
     shown = [f"{k}={v}" for k, v in sorted(env.items()) if k not in hidden]
-    args = list(argv)
+    args = redact_argv(argv)
     if args and args[0].rsplit("/", 1)[-1].startswith("python"):
         args[0] = "python"  # the interpreter's absolute path says nothing to a reader
     text = shlex.join([*shown, *args])

@@ -1,0 +1,5 @@
+import sys
+
+from bench.hostile.run import main
+
+sys.exit(main())
