@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tokrecord import __version__
 from tokrecord.client import RowTrace, close_wire, stream_row
+from tokrecord.client.limits import RowLimits
 from tokrecord.engines import (
     Endpoint,
     Engine,
@@ -141,6 +142,7 @@ class LegConfig(BaseModel):
     headline: Convention = Convention.CONVENTIONAL
     request_extra: dict[str, Any] = Field(default_factory=dict)
     request_timeout_s: float = Field(default=600.0, gt=0)
+    row_limits: RowLimits = Field(default_factory=RowLimits)
     gates: GateConfig = Field(default_factory=GateConfig)
     plan_sha256: str | None = None  # the preregistered plan this leg belongs to
     attempt: int = Field(default=1, ge=1)  # >1 only after an interrupted attempt
@@ -508,7 +510,7 @@ def _stream_suite(http: httpx.Client, run: RunDir, config: LegConfig, events: Js
         trace = stream_row(
             http, row_index=i, row=row, body=body, endpoint=config.endpoint,
             sink=events, on_tokens=lambda n, t, i=i: obs.row_tokens(i, n, t),  # type: ignore[misc]
-            epoch_ns=epoch_ns, engine=engine, raw_fd=raw_fd,
+            epoch_ns=epoch_ns, engine=engine, raw_fd=raw_fd, limits=config.row_limits,
         )
         record = RowRecord(trace=trace, metrics=row_metrics(trace.t_send_ns, trace.chunks))
         st.records.append(record)
