@@ -123,7 +123,8 @@ def stream(url: str, limits: RowLimits, raw: Path, max_tokens: int = 8,
 
 def test_a_server_that_streams_forever_meets_the_row_deadline(serve: Any, tmp_path: Path) -> None:
     server = serve(forever)
-    limits = RowLimits(deadline_floor_s=0.3, deadline_per_token_s=0.05, bytes_floor=1 << 30)
+    limits = RowLimits(deadline_floor_s=0.3, deadline_per_token_s=0.05, bytes_floor=1 << 30,
+                       events_floor=1 << 30)
     sink, error = stream(server.url, limits, tmp_path / "raw.bin")
     assert "past the row's deadline" in str(error) and "0.7 s = 0.3 s + 8 max_tokens" in str(error)
     chunks = [r for r in sink.records if r["kind"] == "chunk"]
@@ -134,6 +135,17 @@ def test_a_server_that_streams_forever_meets_the_row_deadline(serve: Any, tmp_pa
     assert torn == 0 and len(chunks) > 8
     received = b"".join(rows[0].reads)
     assert received.count(b"data: ") >= len(chunks)
+
+
+def test_endless_small_events_meet_the_event_count(serve: Any, tmp_path: Path) -> None:
+    server = serve(forever)
+    limits = RowLimits(events_floor=10, events_per_token=1.5)  # 10 + 8 x 1.5 = 22
+    sink, error = stream(server.url, limits, tmp_path / "raw.bin")
+    assert "more than 22 events = 10 + 8 max_tokens x 1.5" in str(error)
+    # Decoding stops at the cap; every byte that arrived is still in the raw log.
+    assert [r["ids"] for r in sink.records if r["kind"] == "chunk"] == [[i] for i in range(22)]
+    rows, _ = read_raw(tmp_path / "raw.bin")
+    assert b"".join(rows[0].reads).count(b"data: ") > 22
 
 
 def test_a_100_mb_line_meets_the_byte_limit(serve: Any, tmp_path: Path) -> None:
@@ -170,7 +182,7 @@ def test_the_limits_hold_through_httpx_too(tmp_path: Path) -> None:
         return httpx.Response(200, headers={"content-type": "text/event-stream"},
                               content=endless())
 
-    limits = RowLimits(bytes_floor=64 * 1024, bytes_per_token=0)
+    limits = RowLimits(bytes_floor=64 * 1024, bytes_per_token=0, events_floor=1 << 30)
     sink, error = stream("http://test", limits, tmp_path / "raw.bin",
                          transport=httpx.MockTransport(handler))
     assert "over the row's byte limit" in str(error)

@@ -33,12 +33,20 @@ class RowLimits(BaseModel):
     bytes_per_token: int = Field(default=16 * KIB, ge=0)
     max_event_bytes: int = Field(default=4 * MIB, gt=0)
     max_line_bytes: int = Field(default=4 * MIB, gt=0)
+    # Events a row may carry: a token per event plus a few role and usage events, twice
+    # over. Each decoded event costs memory well above its bytes, so a server that
+    # streams small events without end is stopped by their count, not only by bytes.
+    events_floor: int = Field(default=64, gt=0)
+    events_per_token: float = Field(default=2.0, ge=0)
 
     def deadline_s(self, max_tokens: int) -> float:
         return self.deadline_floor_s + self.deadline_per_token_s * max_tokens
 
     def row_bytes(self, max_tokens: int) -> int:
         return self.bytes_floor + self.bytes_per_token * max_tokens
+
+    def max_events(self, max_tokens: int) -> int:
+        return self.events_floor + int(self.events_per_token * max_tokens)
 
     def explain_deadline(self, max_tokens: int) -> str:
         return (f"{self.deadline_s(max_tokens):g} s = {self.deadline_floor_s:g} s + "

@@ -145,7 +145,7 @@ class _RowDecoder:
 
     def __init__(self, row_index: int, where: str, parser: StreamParser, sink: EventSink,
                  on_tokens: Callable[[int, int], None] | None,
-                 limits: RowLimits = DEFAULT_LIMITS) -> None:
+                 limits: RowLimits = DEFAULT_LIMITS, max_tokens: int | None = None) -> None:
         self.chunked: ChunkedDecoder | None = None  # set when reads carry HTTP framing
         self.row_index = row_index
         self.where = where
@@ -153,6 +153,8 @@ class _RowDecoder:
         self.on_tokens = on_tokens
         self.parser = parser
         self.decoder = SSEDecoder(limits.max_line_bytes, limits.max_event_bytes)
+        self.limits, self.max_tokens = limits, max_tokens
+        self.max_events = limits.max_events(max_tokens) if max_tokens is not None else None
         self.chunks: list[Chunk] = []
         self.events = 0
         self.received = 0
@@ -174,6 +176,11 @@ class _RowDecoder:
         self.decoder.close()
 
     def _event(self, t: int, data: str) -> None:
+        if self.max_events is not None and self.events >= self.max_events:
+            raise RowLimitError(
+                f"{self.where}: more than {self.max_events} events = "
+                f"{self.limits.events_floor} + {self.max_tokens} max_tokens x "
+                f"{self.limits.events_per_token:g} (row_limits.events_floor, events_per_token)")
         self.events += 1
         if data == DONE:
             self.done = True
@@ -256,7 +263,8 @@ def stream_row(
         headers["Connection"] = "close"
     request = http.build_request("POST", path, json=dict(body), headers=headers,
                                  extensions={"trace": trace})
-    state = _RowDecoder(row_index, where, dialect.parser(endpoint), sink, on_tokens, limits)
+    state = _RowDecoder(row_index, where, dialect.parser(endpoint), sink, on_tokens, limits,
+                        row.max_tokens)
     stamps: list[int] = []
     reads: list[bytes] = []
     request_written = False
