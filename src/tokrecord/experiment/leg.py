@@ -36,6 +36,7 @@ from tokrecord.engines import (
 )
 from tokrecord.errors import StreamError, TokrecordError
 from tokrecord.evidence import JsonlWriter, RunDir, canonical_json, layout, read_jsonl
+from tokrecord.evidence.redact import redact_argv, redact_env
 from tokrecord.gates import (
     EXACTNESS_RULE,
     EXACTNESS_RULE_V1,
@@ -275,14 +276,23 @@ def _scrape(http: httpx.Client, path: str | None) -> str | None:
     return resp.text
 
 
+def _redacted_leg(config: LegConfig) -> dict[str, Any]:
+    """The leg's configuration as evidence: secret-looking env values and flag values
+    redacted (evidence.redact), their names kept."""
+    leg = config.model_dump(mode="json", exclude={"suite"})
+    leg["server"]["argv"] = redact_argv(leg["server"]["argv"])
+    leg["server"]["env"] = redact_env(leg["server"]["env"])
+    return leg
+
+
 def _resolved_config(config: LegConfig, argv: list[str], port: int) -> dict[str, Any]:
     return {
         "schema": SCHEMA_CONFIG,
         "tokrecord_version": __version__,
-        "leg": config.model_dump(mode="json", exclude={"suite"}),
+        "leg": _redacted_leg(config),
         "suite": {"name": config.suite.name, "sha256": config.suite.sha256,
                   "rows": len(config.suite.rows)},
-        "resolved_argv": argv,
+        "resolved_argv": redact_argv(argv),
         "engine": {"name": config.engine_name.value, "inferred": config.engine is None},
         "port": port,
         "client": {"python": sys.version.split()[0], "platform": platform.platform(),
@@ -406,7 +416,8 @@ def run_leg(
         started = True
         # So a later resume can find (and stop) a server orphaned by a hard kill.
         run.write_json(layout.SERVER_INFO, {"pid": server.pid, "pgid": server.pid, "port": port,
-                                            "argv": argv, "create_time": server.create_time})
+                                            "argv": redact_argv(argv),
+                                            "create_time": server.create_time})
         st.ready_s = server.wait_ready(spec.ready_timeout_s, model=spec.request_model,
                                        on_poll=obs.server_waiting, engine=config.adapter)
         obs.server_ready(st.ready_s)
@@ -681,7 +692,8 @@ def teacher_from_run(
         suite_sha256=config.suite.sha256,
         model=config.server.model,
         model_manifest=model_manifest,
-        arm={"name": config.arm, "argv": list(config.server.argv), "env": config.server.env},
+        arm={"name": config.arm, "argv": redact_argv(config.server.argv),
+             "env": redact_env(config.server.env)},
         source_run=str(run_dir),
         rows=tuple(
             TeacherRow(
