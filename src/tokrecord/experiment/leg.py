@@ -247,6 +247,7 @@ class LegObserver(Protocol):
     def idle_snapshot(self, phase: str, snap: Snapshot, reasons: list[str], run: int,
                       elapsed_s: float, criteria: IdleCriteria) -> None: ...
     def idle_finished(self, result: IdleResult) -> None: ...
+    def server_exposed(self, listening: list[str]) -> None: ...
 
 
 class NullObserver:
@@ -260,6 +261,7 @@ class NullObserver:
     def idle_snapshot(self, phase: str, snap: Snapshot, reasons: list[str], run: int,
                       elapsed_s: float, criteria: IdleCriteria) -> None: ...
     def idle_finished(self, result: IdleResult) -> None: ...
+    def server_exposed(self, listening: list[str]) -> None: ...
 
 
 def _scrape(http: httpx.Client, path: str | None) -> str | None:
@@ -421,6 +423,9 @@ def run_leg(
         st.ready_s = server.wait_ready(spec.ready_timeout_s, model=spec.request_model,
                                        on_poll=obs.server_waiting, engine=config.adapter)
         obs.server_ready(st.ready_s)
+        listening = server.exposed()
+        if listening:
+            obs.server_exposed(listening)
         with make_http(server.base_url, config.request_timeout_s) as http:
             try:
                 st.version = _engine_version(http, config.adapter)

@@ -10,6 +10,7 @@ longer listens. That check is evidence, not a courtesy.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import re
 import shutil
@@ -228,6 +229,29 @@ def _group(pgid: int, since: float) -> list[psutil.Process]:
     return members
 
 
+def listening_beyond_loopback(procs: Sequence[psutil.Process]) -> list[str]:
+    """Each listening socket of these processes bound to more than loopback, as
+    "address:port (pid N)": 0.0.0.0, ::, or an interface's own address."""
+    found = []
+    for proc in procs:
+        try:
+            conns = proc.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        for conn in conns:
+            if conn.status != psutil.CONN_LISTEN or not conn.laddr:
+                continue
+            try:
+                addr = ipaddress.ip_address(conn.laddr.ip)
+            except ValueError:
+                continue
+            mapped = getattr(addr, "ipv4_mapped", None)
+            if not (mapped or addr).is_loopback:
+                host = f"[{conn.laddr.ip}]" if addr.version == 6 else conn.laddr.ip
+                found.append(f"{host}:{conn.laddr.port} (pid {proc.pid})")
+    return sorted(set(found))
+
+
 def _alive(proc: psutil.Process) -> bool:
     """This very process still runs (False once its pid belongs to another)."""
     try:
@@ -383,6 +407,12 @@ class ServerProcess:
                 # the ready time is evidence; then every poll_s for slow engines.
                 time.sleep(min(poll_s, 0.01 * 2 ** polls, max(0.0, deadline - now)))
                 polls += 1
+
+    def exposed(self) -> list[str]:
+        """Where the server's processes listen beyond loopback (empty when only on
+        loopback): a server reachable from the network, which a benchmark never needs."""
+        self._track(self._family_now())
+        return listening_beyond_loopback([p for p in self._tracked.values() if _alive(p)])
 
     @staticmethod
     def _ready(http: httpx.Client, model: str | None, engine: Engine) -> bool:
