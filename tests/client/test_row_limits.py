@@ -203,3 +203,32 @@ def test_sse_line_and_event_caps() -> None:
     decoder = SSEDecoder(max_line=100, max_event=250)
     out = [e for b in (line * 2 + b"\n") for e in decoder.feed(bytes([b]))]
     assert [len(e.data) for e in out] == [80 + 1 + 80]
+
+
+def test_a_kept_connection_does_not_carry_the_last_rows_short_wait(serve: Any) -> None:
+    """Near its deadline a slow row shortens the socket's wait; the next row on the same
+    connection must get the full read timeout back."""
+    done = event(0) + b"%x\r\n%b\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n") + \
+        b"0\r\n\r\n"
+
+    def two_rows(conn: socket.socket, stop: threading.Event) -> None:
+        conn.sendall(HEAD)
+        for _ in range(6):  # row 1: slow reads until close to its 2 s deadline
+            stop.wait(0.3)
+            conn.sendall(event(1))
+        conn.sendall(done)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += conn.recv(65536)
+        stop.wait(0.8)  # row 2: its first byte after 0.8 s, within the 1.5 s read timeout
+        conn.sendall(HEAD + done)
+
+    server = serve(two_rows)
+    limits = RowLimits(deadline_floor_s=2.0, deadline_per_token_s=0, events_floor=1 << 20)
+    row = SuiteRow(id="r0", prompt="p", max_tokens=8)
+    with httpx.Client(base_url=server.url, timeout=1.5) as http:
+        traces = [stream_row(http, row_index=i, row=row,
+                             body=build_body(Endpoint.COMPLETIONS, "m", row),
+                             endpoint=Endpoint.COMPLETIONS, sink=ListSink(), limits=limits)
+                  for i in range(2)]
+    assert [t.n_tokens for t in traces] == [7, 1]

@@ -359,8 +359,8 @@ def _read_wire(wire: Wire, out: bytes, state: _RowDecoder, stamps: list[int], re
         sent[:] = [wire.send(out)]
         # No wait on the socket may outlast the row's deadline.
         left_s = budget.remaining_s(time.perf_counter_ns())
-        if wire.sock is not None and (read_timeout is None or left_s < read_timeout):
-            wire.sock.settimeout(left_s)
+        if wire.sock is not None:  # always: a kept socket holds the last row's wait
+            wire.sock.settimeout(left_s if read_timeout is None else min(read_timeout, left_s))
 
     try:
         send()
