@@ -355,12 +355,15 @@ def _read_wire(wire: Wire, out: bytes, state: _RowDecoder, stamps: list[int], re
     raw_fd, raw_row = raw if raw is not None else (-1, 0)
     writev, pack = os.writev, HEADER.pack
 
+    sock_wait = [0.0]  # the socket's timeout now
+
     def send() -> None:
         sent[:] = [wire.send(out)]
         # No wait on the socket may outlast the row's deadline.
         left_s = budget.remaining_s(time.perf_counter_ns())
         if wire.sock is not None:  # always: a kept socket holds the last row's wait
-            wire.sock.settimeout(left_s if read_timeout is None else min(read_timeout, left_s))
+            sock_wait[0] = left_s if read_timeout is None else min(read_timeout, left_s)
+            wire.sock.settimeout(sock_wait[0])
 
     try:
         send()
@@ -424,9 +427,12 @@ def _read_wire(wire: Wire, out: bytes, state: _RowDecoder, stamps: list[int], re
         slow = previous and t - previous >= LIVE_DECODE_GAP_NS
         previous = t
         if slow and wire.sock is not None:
-            # Between slow reads there is time to shorten the socket's wait.
+            # Between slow reads there is time to shorten the socket's wait, by a second
+            # or more at a time (at most one syscall a second): a silent server then
+            # holds the row at most a second past its deadline.
             left_s = budget.remaining_s(t)
-            if read_timeout is None or left_s < read_timeout:
+            if left_s < sock_wait[0] - 1.0:
+                sock_wait[0] = left_s
                 wire.sock.settimeout(left_s)
         if state.chunked is not None:
             tail = (tail + data)[-4:]
