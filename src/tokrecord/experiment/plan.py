@@ -124,6 +124,33 @@ class VerdictSpec(_Strict):
     require_faster_for_record: bool = True
 
 
+class Spending(StrEnum):
+    """Lan-DeMets alpha-spending functions a sequential plan can name."""
+
+    OBRIEN_FLEMING = "obrien-fleming"
+    POCOCK = "pocock"
+
+
+class SequentialSpec(_Strict):
+    """A sequential design: ABBA/BAAB blocks, an interim analysis after each from
+    `min_blocks` on, stopping as soon as the preregistered boundaries decide
+    (experiment.sequential), at `max_blocks` at the latest."""
+
+    max_blocks: int = Field(ge=2, le=50)
+    # One block leaves 2 df: its t boundary would be far too wide to stop on.
+    min_blocks: int = Field(default=2, ge=1, le=50)
+    spending: Spending = Spending.OBRIEN_FLEMING
+    # The band for NO DIFFERENCE; None: the verdict's equivalence_pct.
+    equivalence_pct: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> SequentialSpec:
+        if self.max_blocks < self.min_blocks:
+            raise ValueError(f"max_blocks ({self.max_blocks}) is less than min_blocks "
+                             f"({self.min_blocks})")
+        return self
+
+
 class NoisePlan(_Strict):
     """The noise the power is computed from: figures given, or earlier records (an A/A
     record is the machine's own noise floor). Records win over figures when both exist."""
@@ -147,6 +174,8 @@ class Plan(_Strict):
     # The smallest effect worth claiming, in %: its power is written into the preregistration.
     min_effect_pct: float | None = Field(default=None, gt=0)
     noise: NoisePlan | None = None
+    # A sequential design ([sequential]): blocks until the stopping rule decides.
+    sequential: SequentialSpec | None = None
     # The confidence at which the record gate needs FASTER (the verdict uses
     # verdict.confidence): 0.98 two-sided keeps false records in A/A at 1 % or less.
     record_confidence: float = Field(default=0.98, gt=0.5, lt=1)
@@ -205,13 +234,25 @@ class Plan(_Strict):
                              f"missing {sorted(missing)}")
         if self.design is Design.SINGLE and self.blocks != 1:
             raise ValueError("design 'single' has one leg: blocks must be 1")
+        if self.sequential is not None:
+            if self.design is not Design.ABBA:
+                raise ValueError(f"[sequential] needs design 'abba'; this plan's is "
+                                 f"{self.design.value!r}")
+            if self.blocks not in (1, self.sequential.max_blocks):
+                raise ValueError(f"blocks = {self.blocks} with [sequential]: a sequential plan "
+                                 "runs up to sequential.max_blocks; leave blocks out")
         return self
+
+    @property
+    def max_blocks(self) -> int:
+        """The blocks the design may run: all of them, or a sequential plan's maximum."""
+        return self.sequential.max_blocks if self.sequential is not None else self.blocks
 
     @property
     def design_legs(self) -> tuple[DesignLeg, ...]:
         if self.design is Design.SINGLE:
             return (DesignLeg("B1", 1, True),)
-        return abba_design(self.blocks)
+        return abba_design(self.max_blocks)
 
     @property
     def legs(self) -> tuple[tuple[str, ArmName], ...]:
@@ -225,7 +266,7 @@ class Plan(_Strict):
     @property
     def pairs(self) -> tuple[tuple[str, str], ...]:
         """(candidate-position leg, control-position leg); none for a single leg."""
-        return () if self.design is Design.SINGLE else abba_pairs(self.blocks)
+        return () if self.design is Design.SINGLE else abba_pairs(self.max_blocks)
 
     def canonical(self) -> bytes:
         # Sections added after plans were first sealed are left out while they hold
@@ -243,7 +284,8 @@ class Plan(_Strict):
 _LATER_DEFAULTS: Final[dict[str, Any]] = {"idle": IdleCriteria(), "telemetry": TelemetryConfig(),
                                            "blocks": 1, "min_effect_pct": None, "noise": None,
                                            "record_confidence": 0.98, "engine": None,
-                                           "log_facts": (), "components": ()}
+                                           "log_facts": (), "components": (),
+                                           "sequential": None}
 _ADDED_LATER: Final = tuple(_LATER_DEFAULTS)
 
 

@@ -46,6 +46,7 @@ from tokrecord.errors import ConfigError
 from tokrecord.evidence import read_json
 from tokrecord.experiment.plan import Arm, ArmName
 from tokrecord.experiment.power import PowerReport
+from tokrecord.experiment.sequential import SequentialAnalysis
 from tokrecord.experiment.stats import (
     BootstrapResult,
     PairResult,
@@ -438,6 +439,8 @@ class AbbaProtocolV2(AbbaProtocol):
     design: Literal["abba", "aa"]
     blocks: int = Field(ge=1)
     pairs: list[PairName]
+    # A sequential plan's most blocks (blocks: those its stopping rule ran).
+    max_blocks: int | None = Field(default=None, ge=1)
     # True when any prompt was repeated, run twice or served from a cache.
     prefix_history_response_reuse: bool | None = None
 
@@ -571,6 +574,8 @@ class ExperimentRecordV2(_ExperimentCommon):
     model: ModelSection | None = None
     unchanged_record_stack: UnchangedStack | None = None
     prior_recheck: PriorRecheck | None = None
+    # A sequential plan's looks, boundaries and decision (the verdict is its verdict).
+    sequential: SequentialAnalysis | None = None
 
     def runs_by_name(self) -> dict[str, LegBlock]:
         return self.runs
