@@ -38,7 +38,9 @@ def power_cmd(
 ) -> None:
     """The power of PLAN for +1/2/3/5 % (and its min_effect_pct), and the blocks needed
     for 90 %. Noise comes from --from, else --sd-leg/--sd-row, else the plan's [noise]."""
-    plan = load_plan(plan_path)
+    # Noise given here stands in for the plan's [noise] (parse_plan would refuse without).
+    plan = load_plan(plan_path, noise_given=bool(records) or sd_leg is not None
+                     or sd_row is not None)
     check_powerable(plan)
     noise = plan_noise(plan, str(plan_path), records or (), sd_leg, sd_row)
     report = power_report(plan, noise, len(plan_suite(plan).rows))

@@ -14,7 +14,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from tokrecord.engines import (
     Endpoint,
@@ -136,19 +144,20 @@ class SequentialSpec(_Strict):
     `min_blocks` on, stopping as soon as the preregistered boundaries decide
     (experiment.sequential), at `max_blocks` at the latest."""
 
-    max_blocks: int = Field(ge=2, le=50)
     # One block leaves 2 df: its t boundary would be far too wide to stop on.
     min_blocks: int = Field(default=2, ge=1, le=50)
+    max_blocks: int = Field(ge=2, le=50)
     spending: Spending = Spending.OBRIEN_FLEMING
     # The band for NO DIFFERENCE; None: the verdict's equivalence_pct.
     equivalence_pct: float | None = Field(default=None, ge=0)
 
-    @model_validator(mode="after")
-    def _min_le_max(self) -> SequentialSpec:
-        if self.max_blocks < self.min_blocks:
-            raise ValueError(f"max_blocks ({self.max_blocks}) is less than min_blocks "
-                             f"({self.min_blocks})")
-        return self
+    @field_validator("max_blocks")
+    @classmethod
+    def _min_le_max(cls, value: int, info: ValidationInfo) -> int:
+        least = info.data.get("min_blocks")
+        if isinstance(least, int) and value < least:
+            raise ValueError(f"max_blocks ({value}) is less than min_blocks ({least})")
+        return value
 
 
 class NoisePlan(_Strict):
@@ -216,6 +225,13 @@ class Plan(_Strict):
 
     @model_validator(mode="after")
     def _arms_fit_design(self) -> Plan:
+        if self.sequential is not None:
+            if self.design is not Design.ABBA:
+                raise ValueError(f"[sequential] needs design 'abba'; this plan's is "
+                                 f"{self.design.value!r}")
+            if self.blocks not in (1, self.sequential.max_blocks):
+                raise ValueError(f"blocks = {self.blocks} with [sequential]: a sequential plan "
+                                 "runs up to sequential.max_blocks; leave blocks out")
         names = [c.name for c in self.components]
         if len(names) != len(set(names)):
             raise ValueError(f"component names must be unique: {names}")
@@ -234,13 +250,6 @@ class Plan(_Strict):
                              f"missing {sorted(missing)}")
         if self.design is Design.SINGLE and self.blocks != 1:
             raise ValueError("design 'single' has one leg: blocks must be 1")
-        if self.sequential is not None:
-            if self.design is not Design.ABBA:
-                raise ValueError(f"[sequential] needs design 'abba'; this plan's is "
-                                 f"{self.design.value!r}")
-            if self.blocks not in (1, self.sequential.max_blocks):
-                raise ValueError(f"blocks = {self.blocks} with [sequential]: a sequential plan "
-                                 "runs up to sequential.max_blocks; leave blocks out")
         return self
 
     @property
@@ -300,12 +309,14 @@ def _friendly(source: str, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def parse_plan(data: dict[str, Any], source: str) -> Plan:
+def parse_plan(data: dict[str, Any], source: str, noise_given: bool = False) -> Plan:
+    """The plan, validated. `noise_given`: the noise comes from elsewhere (`plan power
+    --from` or `--sd-leg/--sd-row`), so a min_effect_pct needs no [noise] here."""
     try:
         plan = Plan.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_friendly(source, exc)) from exc
-    if plan.min_effect_pct is not None and not has_noise(plan):
+    if plan.min_effect_pct is not None and not has_noise(plan) and not noise_given:
         raise ConfigError(
             f"{source}: key 'min_effect_pct': its power cannot be computed: no noise given. "
             "Add [noise] sd_leg_pct and sd_row_pct, or noise.from_records = [earlier records] "
@@ -318,7 +329,7 @@ def has_noise(plan: Plan) -> bool:
     return n is not None and (n.sd_leg_pct is not None or bool(n.from_records))
 
 
-def load_plan(path: Path) -> Plan:
+def load_plan(path: Path, noise_given: bool = False) -> Plan:
     try:
         with open(path, "rb") as fh:
             raw = tomllib.load(fh)
@@ -326,7 +337,7 @@ def load_plan(path: Path) -> Plan:
         raise ConfigError(f"cannot read plan {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
-    plan = parse_plan(raw, str(path))
+    plan = parse_plan(raw, str(path), noise_given)
     base = path.parent
     # Paths in a plan are relative to the plan file, not to wherever it is run from.
     updates: dict[str, Any] = {}

@@ -47,6 +47,9 @@ class _Linter:
     def get(self, path: str) -> Any:
         node: Any = self.record
         for part in path.split("."):
+            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]  # a list's items by index (sequential.looks.0)
+                continue
             if not isinstance(node, Mapping) or part not in node:
                 return None
             node = node[part]
