@@ -262,9 +262,8 @@ def abba_record(
     out["protocol"] = {**out["protocol"], "design": plan.design.value,
                        "blocks": len({leg.block for leg in design}),
                        "pairs": [f"{c}_vs_{a}" for c, a in pair_names]}
-    if seq is not None:
-        out["protocol"]["max_blocks"] = plan.max_blocks
-        out["sequential"] = seq.model_dump(mode="json")
+    out["protocol"]["max_blocks"] = plan.max_blocks
+    out["sequential"] = seq.model_dump(mode="json") if seq is not None else None
     out["treatment"] = {name: arm.model_dump(mode="json") for name, arm in plan.arms.items()}
     out["verdict_analysis"] = analysis.model_dump(mode="json") if analysis else None
     out["power"] = dict(power) if power is not None else None

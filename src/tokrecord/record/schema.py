@@ -464,6 +464,8 @@ ADDED_WITH_EVIDENCE: Final = frozenset({
     "prefix_history_response_reuse", "bundle", "patch", "prior_recheck"})
 # Added with crash safety (bench.chaos): the stamps' clock, named in the accounting.
 ADDED_WITH_CRASH_SAFETY: Final = frozenset({"clock"})
+# Added with sequential designs: records sealed before have neither.
+ADDED_WITH_SEQUENTIAL: Final = frozenset({"sequential", "max_blocks"})
 
 
 class PriorRecheck(_Section):
@@ -696,7 +698,7 @@ def validate_record(obj: Mapping[str, Any], *, source: str = "record",
     later = added if isinstance(record, ExperimentRecord) else frozenset()
     if sealed_before_probes_ok:  # a reader's view of evidence sealed by an older tokrecord
         later = added | (ADDED_LATER if isinstance(record, _V1_MODELS) else later)
-    missing = _first_unset(record, (), later)
+    missing = _first_unset(record, (), later | ADDED_WITH_SEQUENTIAL)
     if missing is not None:
         raise ConfigError(f"{source}: key '{_dotted(missing)}': Field required")
     if isinstance(record, ExperimentRecordV2):

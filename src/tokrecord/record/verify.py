@@ -51,6 +51,7 @@ from tokrecord.record.schema import (
     ADDED_WITH_CRASH_SAFETY,
     ADDED_WITH_ENGINES,
     ADDED_WITH_EVIDENCE,
+    ADDED_WITH_SEQUENTIAL,
 )
 from tokrecord.server.process import CleanupReport
 from tokrecord.suite import Suite, parse_suite
@@ -63,6 +64,7 @@ _VOLATILE = frozenset({"run_dir", "root", "date", "seal", "portable_sealed_evide
 # file lacks one, it is not a difference.
 # The record's keys are schema.ADDED_LATER; a leg summary's idle gates came with them.
 _ADDED_LATER = (ADDED_LATER | ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_WITH_CRASH_SAFETY
+                | ADDED_WITH_SEQUENTIAL
                 | {"idle_before", "idle_after", "exactness", "model_release_manifest"})
 
 
