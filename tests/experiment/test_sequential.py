@@ -16,6 +16,7 @@ from tokrecord.experiment.sequential import (
     LookInput,
     analyse,
     spent,
+    t_boundaries,
     t_boundary,
     z_boundaries,
 )
@@ -167,3 +168,37 @@ def test_sequential_needs_an_abba_design_and_no_blocks(extra: dict[str, object],
                                                       match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         parse_plan({**BASE, **extra, "sequential": {"max_blocks": 4}}, "p.toml")
+
+
+@pytest.mark.parametrize("spending", list(Spending))
+def test_t_boundaries_spend_alpha_for_abba_blocks_by_fresh_simulation(spending: Spending
+                                                                      ) -> None:
+    """Independent paths (another seed) of the ABBA model: per block one contrast and
+    2 df of pure error, t on 3k - 1 df at blocks 2..5 of 5. The crossing rate over all
+    looks is the alpha spent (Monte-Carlo error about 0.0005), where carrying the normal
+    boundaries over at each df spends more."""
+    units = (2, 3, 4, 5)
+    bounds = t_boundaries(units, 5, 2, 0.025, spending)
+    rng = np.random.default_rng(77)
+    n = 200_000
+    d = rng.standard_normal((n, 5))
+    w = rng.chisquare(2, (n, 5))
+    crossed = np.zeros(n, dtype=bool)
+    carried = np.zeros(n, dtype=bool)
+    zs = z_boundaries(tuple(u / 5 for u in units), 0.025, spending)
+    for k, c, z in zip(units, bounds, zs, strict=True):
+        mean = d[:, :k].mean(axis=1)
+        ss = w[:, :k].sum(axis=1) + ((d[:, :k] - mean[:, None]) ** 2).sum(axis=1)
+        t = mean / np.sqrt(ss / (3 * k - 1) / k)
+        crossed |= t > c
+        carried |= t > t_boundary(z, 3 * k - 1)
+    assert crossed.mean() == pytest.approx(0.025, abs=0.0012)
+    assert carried.mean() > crossed.mean()
+
+
+def test_t_boundaries_are_reproducible_and_checked() -> None:
+    first = t_boundaries((2, 3, 4), 4, 2, 0.025, Spending.OBRIEN_FLEMING, sims=50_000)
+    t_boundaries.cache_clear()
+    assert t_boundaries((2, 3, 4), 4, 2, 0.025, Spending.OBRIEN_FLEMING, sims=50_000) == first
+    with pytest.raises(ValueError, match="must increase"):
+        t_boundaries((3, 2), 4, 2, 0.025, Spending.POCOCK)

@@ -33,9 +33,9 @@ from scipy import stats as sps
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout, read_jsonl
-from tokrecord.experiment.interim import look_blocks, look_fractions
+from tokrecord.experiment.interim import abba_looks, look_blocks
 from tokrecord.experiment.plan import Plan, SequentialSpec, Spending
-from tokrecord.experiment.sequential import t_boundary, z_boundaries
+from tokrecord.experiment.sequential import boundaries
 from tokrecord.experiment.stats import Noise, abba_df, blocks_for_power, leg_sd_pct
 
 TARGET_POWER: Final = 0.9
@@ -138,9 +138,8 @@ def fixed_design(blocks: int, confidence: float) -> tuple[list[int], list[float]
 
 
 def sequential_design(spec: SequentialSpec, confidence: float) -> tuple[list[int], list[float]]:
-    zs = z_boundaries(look_fractions(spec), (1 - confidence) / 2, spec.spending)
-    looks = list(look_blocks(spec))
-    return looks, [t_boundary(z, abba_df(k)) for z, k in zip(zs, looks, strict=True)]
+    return list(look_blocks(spec)), list(boundaries(abba_looks(spec), confidence,
+                                                   spec.spending))
 
 
 def outcome(design: str, blocks: int, looks: tuple[list[int], list[float]], effect_pct: float,

@@ -16,7 +16,7 @@ from scipy import stats as sps
 
 from tokrecord.experiment.leg import LegResult, RowRecord
 from tokrecord.experiment.plan import Plan, SequentialSpec
-from tokrecord.experiment.sequential import LookInput, SequentialAnalysis, analyse
+from tokrecord.experiment.sequential import Design, LookInput, SequentialAnalysis, analyse
 from tokrecord.experiment.stats import AnalysisLeg, LegFigures, leg_analysis
 
 
@@ -76,7 +76,13 @@ def sequential_analysis(plan: Plan, legs: Sequence[AnalysisLeg]) -> SequentialAn
     inputs = [look_input(legs, b, spec, plan.verdict.confidence, eq)
               for b in look_blocks(spec) if b <= complete]
     return analyse(inputs, len(look_blocks(spec)), look_fractions(spec), spec.spending,
-                   plan.verdict.confidence, plan.record_confidence, eq)
+                   plan.verdict.confidence, plan.record_confidence, eq, abba_looks(spec))
+
+
+def abba_looks(spec: SequentialSpec) -> Design:
+    """ABBA blocks as units: each adds one treatment contrast and 2 df of pure error
+    (4 legs less a block effect and the contrast), so k blocks leave 3k - 1 df."""
+    return Design(units=look_blocks(spec), max_units=spec.max_blocks, extra_df=2)
 
 
 def _whole_blocks(legs: Sequence[AnalysisLeg]) -> int:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from scipy import stats as sps
 
 from tokrecord.experiment.plan import Spending, abba_design, abba_pairs
-from tokrecord.experiment.sequential import t_boundary, z_boundaries
+from tokrecord.experiment.sequential import t_boundaries, z_boundaries
 from tokrecord.experiment.stats import ANALYSIS_METHOD, abba_df, fit_legs, verdict
 
 REL_TOL = 1e-9
@@ -551,6 +551,7 @@ def _lint_sequential(lint: _Linter, blocks: int) -> None:
                                          found=seq.get("spending")))
         return
     zs: tuple[float, ...] = ()
+    ts: tuple[float, ...] = ()
     if conf is not None and isinstance(max_looks, int) and 0 < max_looks <= 50 and \
             all(f is not None for f in fractions):
         fr = [float(f) for f in fractions if f is not None]
@@ -563,6 +564,14 @@ def _lint_sequential(lint: _Linter, blocks: int) -> None:
                            for a, b in zip(fr, planned, strict=False)) and last <= 1.0:
             with contextlib.suppress(ValueError):
                 zs = z_boundaries(planned, (1 - conf) / 2, spending)
+            df0 = looks[0].get("df")
+            units = tuple(range(first, most + 1))
+            # Each unit (block) adds one contrast and extra_df of pure error.
+            if isinstance(df0, int) and not isinstance(df0, bool) and (df0 + 1) % first == 0 \
+                    and (df0 + 1) // first >= 1 and most <= 50:
+                with contextlib.suppress(ValueError):
+                    ts = t_boundaries(units, most, (df0 + 1) // first - 1, (1 - conf) / 2,
+                                      spending)
     for i, look in enumerate(looks):
         base = f"sequential.looks.{i}"
         stop = look.get("action") == "stop"
@@ -573,10 +582,9 @@ def _lint_sequential(lint: _Linter, blocks: int) -> None:
         if zs and i < len(zs):
             lint.close(f"{base}.z_boundary", zs[i], "the preregistered spending's boundary",
                        rel_tol=1e-6)
-        df, z = look.get("df"), _num(look.get("z_boundary"))
-        if isinstance(df, int) and not isinstance(df, bool) and df > 0 and z is not None:
-            lint.close(f"{base}.boundary", t_boundary(z, df),
-                       f"the normal boundary carried to t({df})", rel_tol=1e-6)
+        if ts and i < len(ts) and math.isfinite(ts[i]):
+            lint.close(f"{base}.boundary", ts[i], "the preregistered spending's t boundary "
+                       "(sequential.t_boundaries)", rel_tol=1e-6)
         lo, mid, hi = (_num(look.get(k)) for k in ("ci_low", "estimate_ratio", "ci_high"))
         if lo is not None and mid is not None and hi is not None:
             if not lo <= mid <= hi:
