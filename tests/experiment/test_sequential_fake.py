@@ -20,7 +20,7 @@ from tokrecord.record.schema import ExperimentRecordV2, validate_record
 from tokrecord.record.verify import verify_dir
 
 EIGHT = ["A1", "B1", "B2", "A2", "B3", "A3", "A4", "B4"]
-SEQ = "[sequential]\nmax_blocks = 4\nmin_blocks = 2\n"
+SEQ = "[sequential]\nmax_blocks = 4\nmin_blocks = 2\nspending = \"pocock\"\n"
 
 
 @pytest.fixture(scope="module")
