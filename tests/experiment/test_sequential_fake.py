@@ -56,7 +56,7 @@ def test_the_record_states_each_look_and_the_repeated_interval(stopped: SimpleNa
     assert record["status"] == "strict_preregistered_record_pass"
     assert record["protocol"]["blocks"] == 2 and record["protocol"]["max_blocks"] == 4
     assert sorted(record["runs"]) == sorted(EIGHT) and len(record["pair_results"]) == 4
-    assert seq["spending"] == "obrien-fleming" and seq["stopped_at"] == "block 2"
+    assert seq["spending"] == "pocock" and seq["stopped_at"] == "block 2"
     (look,) = seq["looks"]
     assert look["df"] == 5 and look["fraction"] == 0.5 and look["statistic"] > look["boundary"]
     # The repeated interval is wider than the fixed design's at the same legs.
