@@ -50,8 +50,9 @@ def power_cmd(
         out_console.print_json(json.dumps(report.model_dump(mode="json")))
         return
     out_console.print(
-        f"[bold]{plan.name}[/]: {plan.design.value}, {plan.blocks} block(s) = "
-        f"{4 * plan.blocks} legs, {report.rows} rows, t on {report.df} df, "
+        f"[bold]{plan.name}[/]: {plan.design.value}, {plan.max_blocks} block(s) = "
+        f"{4 * plan.max_blocks} legs{' at most' if plan.sequential else ''}, {report.rows} "
+        f"rows, t on {report.df} df, "
         f"{100 * report.confidence:g} % interval, equivalence ±{report.equivalence_pct:g} %")
     df = f" on {report.noise_df} df" if report.noise_df else ""
     out_console.print(
@@ -59,7 +60,7 @@ def power_cmd(
         f"(from {escape('; '.join(report.noise_sources))})", soft_wrap=True)
     table = Table(box=None, padding=(0, 2))
     table.add_column("true effect", justify="right")
-    table.add_column(f"P(FASTER) at {plan.blocks} block(s)", justify="right")
+    table.add_column(f"P(FASTER) at {plan.max_blocks} block(s)", justify="right")
     table.add_column(f"blocks for {100 * report.target_power:g} %", justify="right")
     for e in report.entries:
         mark = " (min_effect_pct)" if e.effect_pct == plan.min_effect_pct else ""
