@@ -420,6 +420,9 @@ def demo(
     budget: Annotated[float, typer.Option(
         min=60, help="Seconds `make demo` may take, install included: sizes the llama.cpp "
         "design.")] = DEMO_BUDGET_S,
+    sequential: Annotated[bool, typer.Option(
+        "--sequential", help="llama.cpp: run the budget's blocks sequentially (a look after "
+        "each, Pocock spending) and stop as soon as the effect is decided.")] = False,
 ) -> None:
     """A full preregistered ABBA on a local engine: on llama.cpp, plain decoding vs
     draft-model speculative decoding, in as many blocks as fit the budget."""
@@ -434,11 +437,10 @@ def demo(
         target, draft = build_demo_target_gguf(models), build_demo_gguf(models)
         err_console.print(f"demo target: {target}\ndemo draft: {draft}", soft_wrap=True)
         fitting = blocks or blocks_within(budget, idle_gap_s=idle_gap)
-        # Sized by the budget, the demo runs sequentially and stops once decided; a number
-        # of blocks given with --blocks is a fixed design.
+        # With --sequential the blocks are a maximum: it stops once decided.
         plan = demo_plan_llamacpp(python, target, draft, rows=rows, idle_gap_s=idle_gap,
                                   blocks=fitting,
-                                  sequential=None if blocks else demo_sequential(fitting))
+                                  sequential=demo_sequential(fitting) if sequential else None)
         n_rows = len(plan_suite(plan).rows)
         noise = plan_noise(plan, "the demo plan")
         report = power_report(plan, noise, n_rows)

