@@ -72,12 +72,12 @@ def power_report(plan: Plan, noise: Noise, rows: int,
     conf, eq = plan.verdict.confidence, plan.verdict.equivalence_pct
     wanted = sorted({*effects, *([plan.min_effect_pct] if plan.min_effect_pct else [])})
     entries = tuple(
-        PowerEntry(effect_pct=e, power=round(power(e, noise, rows, plan.blocks, conf, eq), 4),
+        PowerEntry(effect_pct=e, power=round(power(e, noise, rows, plan.max_blocks, conf, eq), 4),
                    blocks_for_target=blocks_for_power(e, noise, rows, conf, eq, TARGET_POWER))
         for e in wanted)
     mine = next((x.power for x in entries if x.effect_pct == plan.min_effect_pct), None)
     return PowerReport(
-        method=POWER_METHOD, blocks=plan.blocks, df=abba_df(plan.blocks), rows=rows,
+        method=POWER_METHOD, blocks=plan.max_blocks, df=abba_df(plan.max_blocks), rows=rows,
         confidence=conf, equivalence_pct=eq, target_power=TARGET_POWER,
         sd_leg_pct=round(noise.sd_leg_pct, 6), sd_row_pct=round(noise.sd_row_pct, 6),
         noise_df=noise.leg_df, noise_sources=noise.sources, min_effect_pct=plan.min_effect_pct,
