@@ -35,6 +35,7 @@ from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout, read_jsonl
 from tokrecord.experiment.interim import abba_looks, look_blocks
 from tokrecord.experiment.plan import Plan, SequentialSpec, Spending
+from tokrecord.experiment.power import read_records
 from tokrecord.experiment.sequential import boundaries
 from tokrecord.experiment.stats import Noise, abba_df, blocks_for_power, leg_sd_pct
 
@@ -295,16 +296,7 @@ def _rows_of(exp_dir: Path) -> int | None:
 def load_leg_cost(paths: Sequence[Path]) -> LegCost:
     """The mean leg cost of earlier records (record.json, or an experiment directory)."""
     parts = []
-    for path in paths:
-        file = path / "record.json" if path.is_dir() else path
-        try:
-            data = json.loads(file.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"cannot read record {file}: {exc.strerror}") from exc
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{file}: not JSON: {exc}") from exc
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"{file}: not a record")
+    for file, data in read_records(paths):
         found = leg_cost_from_record(data, str(file))
         state = file.parent / layout.STATE
         if state.is_file() and not state.is_symlink():

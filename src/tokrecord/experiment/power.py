@@ -139,9 +139,10 @@ def noise_from_record(record: Mapping[str, Any], source: str) -> Noise:
                  sources=(f"{source} (legs' headlines only: row noise folded into leg noise)",))
 
 
-def load_noise(paths: Sequence[Path]) -> Noise:
-    """Pooled noise of earlier records (record.json, or an experiment directory)."""
-    parts = []
+def read_records(paths: Sequence[Path]) -> list[tuple[Path, Mapping[str, Any]]]:
+    """Earlier records (record.json, or an experiment directory) as (file, dict); a
+    ConfigError naming the file when one cannot be read or is not a JSON object."""
+    found = []
     for path in paths:
         file = path / "record.json" if path.is_dir() else path
         try:
@@ -152,8 +153,13 @@ def load_noise(paths: Sequence[Path]) -> Noise:
             raise ConfigError(f"{file}: not JSON: {exc}") from exc
         if not isinstance(data, Mapping):
             raise ConfigError(f"{file}: not a record")
-        parts.append(noise_from_record(data, str(file)))
-    return pool_noise(parts)
+        found.append((file, data))
+    return found
+
+
+def load_noise(paths: Sequence[Path]) -> Noise:
+    """Pooled noise of earlier records (record.json, or an experiment directory)."""
+    return pool_noise([noise_from_record(data, str(file)) for file, data in read_records(paths)])
 
 
 def plan_noise(plan: Plan, source: str, records: Sequence[Path] = (),

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout
-from tokrecord.experiment.interim import sequential_analysis
+from tokrecord.experiment.interim import leg_figures, sequential_analysis
 from tokrecord.experiment.leg import CLOCK_SOURCE, LegResult, RowRecord
 from tokrecord.experiment.noise import legs_in_order, noise_diagnostic
 from tokrecord.experiment.plan import Design, DesignLeg, Plan, abba_pairs, speculative_configs
@@ -69,15 +69,6 @@ class EvidenceFacts(BaseModel):
     # The prior's recheck on the public API at preregistration (prior-check.json).
     prior_recheck: dict[str, Any] | None = None
 
-
-def figures(result: LegResult, rows: Sequence[RowRecord]) -> LegFigures:
-    conv = result.summary.headline_convention
-    return LegFigures(
-        name=result.name, arm=result.arm, headline=result.summary.tok_s_out,
-        row_rates=tuple(r.metrics.rate(conv) for r in rows),
-        aggregate_cycle_ms=result.engine.aggregate_cycle_ms if result.engine else None,
-        acceptance_rate=result.engine.draft_acceptance_rate if result.engine else None,
-    )
 
 
 def _gate(result: LegResult, name: str) -> GateResult | None:
@@ -165,7 +156,7 @@ def abba_record(
     v1 = schema == SCHEMA_ABBA_V1
     # A sequential plan runs the blocks its stopping rule asked for: the legs given.
     design = tuple(leg for leg in plan.design_legs if leg.name in results)
-    figs = {name: figures(results[name], rows[name]) for name in results}
+    figs = {name: leg_figures(results[name], rows[name]) for name in results}
     pair_names = abba_pairs(1) if v1 else tuple(p for p in plan.pairs if set(p) <= set(results))
     pairs = {f"{c}_vs_{a}": pair_result(figs[c], figs[a], plan.criteria) for c, a in pair_names}
     boot = paired_bootstrap([(figs[c], figs[a]) for c, a in pair_names], plan.verdict) if v1 \
