@@ -64,7 +64,8 @@ lint: setup
 # engines and the tests that need the machine to themselves. Both groups always run and
 # print their slowest tests; the target fails if either fails. PYTEST_ARGS reaches both.
 PYTEST_WORKERS ?= 2
-PARALLEL := -n $(PYTEST_WORKERS) --dist worksteal
+# One worker per test module (loadfile): a module's fixtures (a whole fake-server ABBA) run once.
+PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
 test: engine lint
 	scripts/ensure-chromium >/dev/null
 	rc=0; \

@@ -17,3 +17,7 @@ SHORT_MAX_TOKENS: Final = 128
 ENGINE_IDLE: Final = IdleCriteria(interval_s=0.25, consecutive=2, timeout_s=60,
                                   host_cpu_max_pct=None, device_util_max_pct=None,
                                   device_mem_used_max_mib=None, device_processes_max=None)
+# vLLM CPU compiles the model with torch.compile at every server start unless told not to:
+# minutes of one core per start on a busy 2-core machine, the larger part of each leg. The
+# engine tests run it eagerly; the compiled path is the demo's (`make demo ENGINE=vllm`).
+VLLM_EAGER: Final = ("--enforce-eager",)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine_support import ENGINE_IDLE, SHORT_MAX_TOKENS, SHORT_ROWS
+from engine_support import ENGINE_IDLE, SHORT_MAX_TOKENS, SHORT_ROWS, VLLM_EAGER
 from tokrecord.demo.plan import demo_plan
 from tokrecord.evidence import read_jsonl
 from tokrecord.experiment.audit import audit_suite, judge_audit
@@ -30,8 +30,10 @@ def abba(engine_python: Path, demo_model: Path, short_suite: Path,
          tmp_path_factory: pytest.TempPathFactory
          ) -> tuple[dict[str, LegResult], dict[str, Any], Path]:
     exp_dir = tmp_path_factory.mktemp("vllm-abba") / "demo"
-    plan = demo_plan(engine_python, demo_model, idle_gap_s=0.5).model_copy(
-        update={"idle": ENGINE_IDLE, "suite": str(short_suite)})
+    plan = demo_plan(engine_python, demo_model, idle_gap_s=0.5)
+    plan = plan.model_copy(update={
+        "idle": ENGINE_IDLE, "suite": str(short_suite),
+        "server": plan.server.model_copy(update={"argv": (*plan.server.argv, *VLLM_EAGER)})})
     results = run_experiment(plan, exp_dir)
     record = build_record(plan, exp_dir, results)
     finish(exp_dir, record)
@@ -176,7 +178,7 @@ def test_prefix_caching_fails_cached_tokens_gate_and_audit(
 ) -> None:
     config = LegConfig(
         name="audit", arm="plain-prefix-caching",
-        server=ServerSpec(argv=tuple(embedded.vllm_argv(engine_python, prefix_caching=True)),
+        server=ServerSpec(argv=(*embedded.vllm_argv(engine_python, prefix_caching=True), *VLLM_EAGER),
                           env=embedded.ENGINE_ENV, model=str(demo_model),
                           served_model=embedded.SERVED_MODEL, ready_timeout_s=600),
         suite=audit_suite(load_suite(), None),
