@@ -89,7 +89,11 @@ def test_speculative_counters_only_on_candidate(
     for leg in ("A1", "A2"):
         e = results[leg].engine
         assert e is not None and not e.draft_cycles
-        assert results[leg].summary.quantisation_bound_pct_max == 0.0
+        # Plain decoding streams one token per chunk. Not asserted as a zero quantisation
+        # bound: an API server starved of a core on a busy 2-core machine delivers a few
+        # tokens in one read (seen once: a 2-token chunk in a rated row, bound 1.01 %).
+        chunks = [c["n"] for r in _rows(results[leg]) for c in r["trace"]["chunks"]]
+        assert sum(n == 1 for n in chunks) > 0.9 * len(chunks), chunks
     for leg in ("B1", "B2"):
         e = results[leg].engine
         assert e is not None and e.draft_cycles and e.draft_tokens and e.accepted_draft_tokens
