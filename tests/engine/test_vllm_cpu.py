@@ -155,8 +155,8 @@ def test_every_leg_carries_idle_gates_and_host_telemetry(
         assert op["poststop_idle_snapshots"] >= consecutive, op
         assert op["prestart_idle_seconds"] >= consecutive * ENGINE_IDLE.interval_s * 0.9
         tel = record["runs"][leg]["telemetry"]
-        # 13 rows x 512 tokens take tens of seconds: dozens of half-second samples
-        assert tel["samples_in_window"] >= 10, tel
+        # The short suite's rows stream for several seconds: half-second samples cover them
+        assert tel["samples_in_window"] >= 3, tel
         assert tel["host_cpu_util_pct_mean"] > 0
         assert tel["output_tokens"] == SHORT_ROWS * SHORT_MAX_TOKENS
         gates = record["runs"][leg]["gates"]
