@@ -323,6 +323,8 @@ def test_429_waits_retry_after_ms_then_succeeds(record: Path, tmp_path: Path, le
         waits: list[float] = []
 
         def sleep(seconds: float) -> None:
+            # Real elapsed time, on purpose: the stand-in server (another process) opens
+            # its rate-limit window on its own clock, so only a real wait gets past it.
             waits.append(seconds)
             time.sleep(seconds)
 
