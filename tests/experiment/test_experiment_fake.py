@@ -264,6 +264,8 @@ def test_changed_plan_is_refused_after_preregistration(tmp_path: Path) -> None:
         run_experiment(plan, other)
 
 
+# Rates or waits measured in real time off a paced fake server: serial group (tests/conftest.py).
+@pytest.mark.serial
 def test_a_a_experiment_makes_no_record(tmp_path: Path) -> None:
     path, plan = write_plan(tmp_path, plan_toml("aa", control=1000, candidate=1000,
                                                 prior="value_tok_s = 990"))
@@ -458,6 +460,8 @@ def test_resume_from_another_working_directory(
 # --------------------------------------------------------------------------- single leg
 
 
+# Rates or waits measured in real time off a paced fake server: serial group (tests/conftest.py).
+@pytest.mark.serial
 def test_single_design_one_candidate_leg(tmp_path: Path) -> None:
     prior = "value_tok_s = 1500\nid = \"prev\"\nbest_exact_tok_s = 1900\ngoal_tok_s = 1800"
     path, plan = write_plan(tmp_path, plan_toml(
