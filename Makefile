@@ -30,9 +30,12 @@ engine: setup
 # cores), so it installs only that engine (~5 s): within 10 minutes on a fresh machine.
 # `make demo ENGINE=vllm` runs the vLLM CPU demo instead (its install takes minutes).
 ENGINE ?= llama.cpp
+# Exit 3 means the experiment ran and was sealed but a leg was not valid (on a busy machine,
+# usually an idle gate): the demo did its job and says why above, so make does not fail.
 demo: setup
 	$(BIN)/tokrecord engine --engine $(ENGINE)
-	$(BIN)/tokrecord demo --engine $(ENGINE)
+	$(BIN)/tokrecord demo --engine $(ENGINE) || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \
+	  echo "make demo: the experiment is sealed, but a leg was not valid (exit 3): see its gates above"; }
 
 # Measurement fidelity: tokrecord and a stdlib floor client on three paced servers (two
 # the client was never tuned on), unpinned and pinned, and vLLM bench serve, AIPerf and
