@@ -30,9 +30,12 @@ engine: setup
 # cores), so it installs only that engine (~5 s): within 10 minutes on a fresh machine.
 # `make demo ENGINE=vllm` runs the vLLM CPU demo instead (its install takes minutes).
 ENGINE ?= llama.cpp
+# Exit 3 means the experiment ran and was sealed but a leg was not valid (on a busy machine,
+# usually an idle gate): the demo did its job and says why above, so make does not fail.
 demo: setup
 	$(BIN)/tokrecord engine --engine $(ENGINE)
-	$(BIN)/tokrecord demo --engine $(ENGINE)
+	$(BIN)/tokrecord demo --engine $(ENGINE) || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \
+	  echo "make demo: the experiment is sealed, but a leg was not valid (exit 3): see its gates above"; }
 
 # Measurement fidelity: tokrecord and a stdlib floor client on three paced servers (two
 # the client was never tuned on), unpinned and pinned, and vLLM bench serve, AIPerf and
@@ -58,16 +61,28 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/mypy bench
 
-# Everything, the real engine included (a few server starts; ~10 min). The report
-# tests open the HTML in headless Chromium: installed (apt) when missing.
+# Everything, the real engine included. The report tests open the HTML in headless
+# Chromium: installed (apt) when missing. Two groups (tests/conftest.py says which test
+# goes where): the independent tests on both cores (pytest-xdist), then, alone, the real
+# engines and the tests that need the machine to themselves. Both groups always run and
+# print their slowest tests; the target fails if either fails. PYTEST_ARGS reaches both.
+PYTEST_WORKERS ?= 2
+# One worker per test module (loadfile): a module's fixtures (a whole fake-server ABBA) run once.
+PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
 test: engine lint
 	scripts/ensure-chromium >/dev/null
-	$(BIN)/python -m pytest
+	rc=0; \
+	$(BIN)/python -m pytest $(PARALLEL) -m "not engine and not serial" --durations=15 $(PYTEST_ARGS) || rc=$$?; \
+	$(BIN)/python -m pytest -m "engine or serial" --durations=15 $(PYTEST_ARGS) || rc=$$?; \
+	exit $$rc
 
-# Without the real engine: fake server and pure code only (~1 min).
+# Without the real engine: fake server and pure code only (<= 2 min).
 test-fast: setup
 	scripts/ensure-chromium >/dev/null
-	$(BIN)/python -m pytest -m "not engine"
+	rc=0; \
+	$(BIN)/python -m pytest $(PARALLEL) -m "not engine and not serial" --durations=15 $(PYTEST_ARGS) || rc=$$?; \
+	$(BIN)/python -m pytest -m "serial and not engine" --durations=15 $(PYTEST_ARGS) || rc=$$?; \
+	exit $$rc
 
 # Regenerate the published record schema after changing the record models.
 schema: setup

@@ -1,3 +1,23 @@
+"""Where a new test goes, and how `make test` runs it.
+
+`make test` runs the suite in two groups, one after the other:
+
+1. **parallel** (`pytest -n 2 -m "not engine and not serial"`, pytest-xdist): the
+   default. A test belongs here when it owns everything it touches: its files under
+   `tmp_path`, servers on port 0, fake clocks. Most tests are this.
+2. **serial** (`pytest -m "engine or serial"`), one test at a time, nothing else running:
+   - `engine`: starts a real llama.cpp or vLLM CPU server. Put it in tests/engine/ (the
+     directory marks it); share servers, teachers and experiments there through the
+     session fixtures in tests/engine/conftest.py rather than starting new ones.
+   - `serial`: does not start a real engine but must still run alone: it needs a fixed
+     port, reads the host's load, or measures real elapsed time that a busy neighbour
+     would stretch. Mark it `@pytest.mark.serial` and say why in a comment.
+
+Either way, no test sleeps for real time to pass: idle gaps, idle-gate snapshots and
+readiness polls take a fake clock (probes_support.FakeClock) or wait on the event.
+`make test-fast` is both groups without `engine`.
+"""
+
 from __future__ import annotations
 
 import sys
@@ -25,3 +45,11 @@ def _signing_key_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
     import os
 
     os.environ["TOKRECORD_CONFIG_DIR"] = str(tmp_path_factory.mktemp("tokrecord-config"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test under tests/engine/ is an engine test whether or not its module says so."""
+    engine_dir = Path(__file__).parent / "engine"
+    for item in items:
+        if engine_dir in item.path.parents:
+            item.add_marker(pytest.mark.engine)

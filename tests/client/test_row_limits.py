@@ -205,6 +205,7 @@ def test_sse_line_and_event_caps() -> None:
     assert [len(e.data) for e in out] == [80 + 1 + 80]
 
 
+@pytest.mark.serial  # real elapsed time: rows paced against a 2 s deadline
 def test_a_kept_connection_does_not_carry_the_last_rows_short_wait(serve: Any) -> None:
     """Near its deadline a slow row shortens the socket's wait; the next row on the same
     connection must get the full read timeout back."""

@@ -170,3 +170,34 @@ def test_claims_follow_verdict_and_power() -> None:
     assert "noisier than the plan's noise figures" in noisy[0]
     none = claim_lines(_analysis(None, None, None, Verdict.UNDECIDED), 6.3)
     assert none == ["no claim: the verdict could not be computed (t(5) on 8 legs)"]
+
+
+def test_the_budget_sized_demo_is_sequential_and_never_longer(models: tuple[Path, Path]
+                                                              ) -> None:
+    from tokrecord.demo.plan import demo_plan_llamacpp, demo_sequential
+
+    assert demo_sequential(1) is None  # one block: nothing to stop early
+    spec = demo_sequential(2)
+    assert spec is not None and spec.max_blocks == 2 and spec.min_blocks == 1
+    plan = demo_plan_llamacpp(Path("/venv/bin/python"), *models, blocks=2, sequential=spec)
+    fixed = _plan(models, blocks=2)
+    assert plan.legs == fixed.legs  # at most the fixed design's legs, in its order
+    assert plan.sha256 != fixed.sha256
+    report = power_report(plan, plan_noise(plan, "demo"), 13)
+    assert report.blocks == 2  # the power of its maximum, as a fixed design
+    lines = design_lines(plan, report, 5.0, budget_s=600, sized_by_budget=True)
+    assert lines[0].startswith("design: sequential, at most 2 ABBA blocks = 8 legs after "
+                               "the teacher (as many as fit the 10 min budget), a look "
+                               "after each block from block 1 (pocock spending)")
+
+
+def test_sequential_claim_names_the_stop_and_the_repeated_interval() -> None:
+    from tokrecord.demo.plan import sequential_claim_lines
+    from tokrecord.experiment.plan import Spending
+    from tokrecord.experiment.sequential import LookInput, analyse
+
+    found = analyse([LookInput(label="block 1", fraction=0.5, estimate=0.3, se=0.01, df=2)],
+                    2, [0.5, 1.0], Spending.POCOCK, 0.95, 0.98, 1.0)
+    lines = sequential_claim_lines(found, 2)
+    assert lines[0].startswith("claim: the candidate is FASTER by +35.0 % [repeated 95 % CI ")
+    assert lines[0].endswith("; stopped after block 1 of 2: 4 legs not run")

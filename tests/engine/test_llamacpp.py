@@ -1,8 +1,8 @@
-"""Real llama.cpp (xllamacpp's CPU wheel), once: the llama.cpp demo's preregistered ABBA in
-one block (teacher from the plain arm, then A1 plain, B1 and B2 draft-model speculation, A2
-plain), on the demo target with the demo model as its draft. A llama.cpp server is ready in
-well under a second and streams the 13 rows in 15-20 s, so the experiment takes about two
-minutes."""
+"""Real llama.cpp (xllamacpp's CPU wheel), once per session: the llama.cpp demo's
+preregistered ABBA in one block (teacher from the plain arm, then A1 plain, B1 and B2
+draft-model speculation, A2 plain), on the demo target with the demo model as its draft, on
+the short suite (tests/engine/conftest.py). A llama.cpp server is ready in well under a
+second, so the five legs take well under a minute."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from probes_support import FAST_IDLE
+from engine_support import ENGINE_IDLE, SHORT_ROWS
 from tokrecord.demo.plan import DRAFT_N_MAX, demo_plan_llamacpp
 from tokrecord.evidence import read_jsonl
 from tokrecord.experiment.leg import LegResult
@@ -26,13 +26,14 @@ pytestmark = pytest.mark.engine
 LEGS = ("A1", "B1", "B2", "A2")
 
 
-@pytest.fixture(scope="module")
-def abba(llamacpp_python: Path, demo_target_gguf: Path, demo_gguf: Path,
+@pytest.fixture(scope="session")
+def abba(llamacpp_python: Path, demo_target_gguf: Path, demo_gguf: Path, short_suite: Path,
          tmp_path_factory: pytest.TempPathFactory
          ) -> tuple[dict[str, LegResult], dict[str, Any], Path]:
     exp_dir = tmp_path_factory.mktemp("llamacpp-abba") / "demo"
     plan = demo_plan_llamacpp(llamacpp_python, demo_target_gguf, demo_gguf, idle_gap_s=0.5,
-                              blocks=1).model_copy(update={"idle": FAST_IDLE})
+                              blocks=1).model_copy(update={"idle": ENGINE_IDLE,
+                                                           "suite": str(short_suite)})
     results = run_experiment(plan, exp_dir)
     record = build_record(plan, exp_dir, results)
     finish(exp_dir, record)
@@ -54,13 +55,14 @@ def test_each_leg_is_complete_exact_uncached_and_rated(
     # llama.cpp streams steadily: with the machine to itself every row is rated (the
     # demo: 13/13 in every leg). Other work on a 2-core machine can still starve the
     # server of a core for a moment, so the test allows a few rows delivered in a burst.
-    assert result.summary.rows_rated >= 10, result.summary.warnings
+    assert result.summary.rows == SHORT_ROWS
+    assert result.summary.rows_rated >= SHORT_ROWS - 3, result.summary.warnings
     for name in ("teacher_exact", "cached_tokens_zero", "token_count_integrity",
                  "no_warmup_generation", "cleanup", "treatment_attestation"):
         assert _gate(result, name).status is GateStatus.PASS, _gate(result, name)
     # The server's own log shows one generation task per row, and no other.
     assert _gate(result, "no_warmup_generation").evidence[
-        "generation_requests_in_server_log"] == 13
+        "generation_requests_in_server_log"] == SHORT_ROWS
     run = Path(result.run_dir)
     config = json.loads((run / "config.json").read_text())
     assert config["engine"] == {"name": "llama.cpp", "inferred": False}
@@ -97,24 +99,12 @@ def test_speculative_legs_draft_and_plain_legs_do_not(
                           "prompt cache off": True, "one slot": True}
 
 
-def test_draft_speculation_is_faster(
-    abba: tuple[dict[str, LegResult], dict[str, Any], Path]
-) -> None:
-    # Faster by construction (a draft that is always right and costs ~1/4 of a target
-    # step); measured +25-31 % per pair on a quiet 2-core machine, and +9.9 % in one pair
-    # on a busy host. Each pair must show the draft at work (faster); how much faster
-    # is a speed figure for the demo and the benches, not for a timed test.
-    for cand, ctrl in (("B1", "A1"), ("B2", "A2")):
-        c, a = abba[0][cand].summary.tok_s_out, abba[0][ctrl].summary.tok_s_out
-        assert c is not None and a is not None and c > a, (cand, c, ctrl, a)
-
-
 def test_record_verdict_verifies_and_lints(
     abba: tuple[dict[str, LegResult], dict[str, Any], Path], demo_gguf: Path
 ) -> None:
     _, record, exp_dir = abba
-    assert record["quality"]["all_legs_teacher_exact"] == "52/52"
-    assert record["quality"]["all_legs_cached_zero"] == "52/52"
+    assert record["quality"]["all_legs_teacher_exact"] == f"{4 * SHORT_ROWS}/{4 * SHORT_ROWS}"
+    assert record["quality"]["all_legs_cached_zero"] == f"{4 * SHORT_ROWS}/{4 * SHORT_ROWS}"
     va = record["verdict_analysis"]
     assert va["verdict"] == record["verdict"] and va["df"] == 2
     assert va["ratio"] is not None and va["ci_low"] <= va["ratio"] <= va["ci_high"]
@@ -134,4 +124,5 @@ def test_record_verdict_verifies_and_lints(
     assert spec["draft_model"] == str(demo_gguf)
     assert spec["draft_manifest_sha256"] is not None
     # One draft-acceptance line per request on the speculative legs, none on the plain ones.
-    assert [facts[leg]["draft_acceptance_lines"]["value"] for leg in LEGS] == [0, 13, 13, 0]
+    assert [facts[leg]["draft_acceptance_lines"]["value"] for leg in LEGS] == [
+        0, SHORT_ROWS, SHORT_ROWS, 0]

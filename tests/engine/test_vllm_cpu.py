@@ -1,5 +1,6 @@
-"""Real vLLM CPU, once: the demo's preregistered ABBA (teacher from the plain arm, then
-A1 plain, B1 ngram, B2 ngram, A2 plain) and a prefix-caching cache audit."""
+"""Real vLLM CPU, once per session: the demo's preregistered ABBA (teacher from the plain
+arm, then A1 plain, B1 ngram, B2 ngram, A2 plain) on the short suite
+(tests/engine/conftest.py), and a prefix-caching cache audit."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from tokrecord.demo.plan import DEMO_IDLE, demo_plan
+from engine_support import ENGINE_IDLE, SHORT_MAX_TOKENS, SHORT_ROWS, VLLM_EAGER
+from tokrecord.demo.plan import demo_plan
 from tokrecord.evidence import read_jsonl
 from tokrecord.experiment.audit import audit_suite, judge_audit
 from tokrecord.experiment.leg import LegConfig, LegResult, ServerSpec, run_leg
@@ -23,11 +25,15 @@ from tokrecord.suite import load_suite
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module")
-def abba(engine_python: Path, demo_model: Path, tmp_path_factory: pytest.TempPathFactory
+@pytest.fixture(scope="session")
+def abba(engine_python: Path, demo_model: Path, short_suite: Path,
+         tmp_path_factory: pytest.TempPathFactory
          ) -> tuple[dict[str, LegResult], dict[str, Any], Path]:
     exp_dir = tmp_path_factory.mktemp("vllm-abba") / "demo"
-    plan = demo_plan(engine_python, demo_model, idle_gap_s=2.0)
+    plan = demo_plan(engine_python, demo_model, idle_gap_s=0.5)
+    plan = plan.model_copy(update={
+        "idle": ENGINE_IDLE, "suite": str(short_suite),
+        "server": plan.server.model_copy(update={"argv": (*plan.server.argv, *VLLM_EAGER)})})
     results = run_experiment(plan, exp_dir)
     record = build_record(plan, exp_dir, results)
     finish(exp_dir, record)
@@ -47,32 +53,32 @@ def test_each_leg_complete_exact_and_clean(abba: tuple[dict[str, LegResult], dic
                                            leg: str) -> None:
     result = abba[0][leg]
     assert result.status == "complete", result.error
-    assert result.summary.rows == 13
+    assert result.summary.rows == SHORT_ROWS
     # On 2 cores the CPU engine sometimes delivers a whole row in one burst: the client
     # stamps those bytes with one arrival time, so that row's window has no duration
     # and no rate (never a made-up one). Every other row is rated.
     unrated = [r["trace"]["row"] for r in _rows(result) if r["metrics"]["rate_conventional"] is None]
-    assert result.summary.rows_rated == 13 - len(unrated) >= 1
+    assert result.summary.rows_rated == SHORT_ROWS - len(unrated) >= 1
     for r in _rows(result):
         if r["trace"]["row"] in unrated:
             assert "zero_duration" in r["metrics"]["flags"]
     if unrated:
         assert any("have no rate" in w for w in result.summary.warnings)
     assert result.count_source == "token_ids"
-    assert result.rows_count_match == 13  # reported completion tokens == tokens streamed
-    assert result.rows_cached_reported == 13 and result.rows_cached_zero == 13
+    assert result.rows_count_match == SHORT_ROWS  # reported completion tokens == tokens streamed
+    assert result.rows_cached_reported == SHORT_ROWS and result.rows_cached_zero == SHORT_ROWS
     assert result.engine is not None and result.engine.prefix_cache_hits == 0
     assert result.cleanup is not None and result.cleanup.passed
     assert result.summary.tok_s_out and result.summary.ttft_ms_median
     exact = _gate(result, "teacher_exact")
-    assert exact.status is GateStatus.PASS and exact.count == "13/13"
+    assert exact.status is GateStatus.PASS and exact.count == f"{SHORT_ROWS}/{SHORT_ROWS}"
     assert exact.evidence["compared_by"] == ["token_ids"]
     assert _gate(result, "long_context_then_next").count == "1/1"
-    assert _gate(result, "full_output_then_next").count == "12/12"
+    assert _gate(result, "full_output_then_next").count == f"{SHORT_ROWS - 1}/{SHORT_ROWS - 1}"
     assert result.valid, result.invalid_reasons
     prompts = [r["trace"]["prompt_token_ids"] for r in _rows(result)]
-    longest = max(range(13), key=lambda i: len(prompts[i] or []))
-    assert 850 <= len(prompts[longest]) <= 900 and longest < 12
+    longest = max(range(SHORT_ROWS), key=lambda i: len(prompts[i] or []))
+    assert 850 <= len(prompts[longest]) <= 900 and longest < SHORT_ROWS - 1
     assert any(e["kind"] == "chunk" for e in read_jsonl(Path(result.run_dir) / "events.jsonl"))
 
 
@@ -83,7 +89,11 @@ def test_speculative_counters_only_on_candidate(
     for leg in ("A1", "A2"):
         e = results[leg].engine
         assert e is not None and not e.draft_cycles
-        assert results[leg].summary.quantisation_bound_pct_max == 0.0
+        # Plain decoding streams one token per chunk. Not asserted as a zero quantisation
+        # bound: an API server starved of a core on a busy 2-core machine delivers a few
+        # tokens in one read (seen once: a 2-token chunk in a rated row, bound 1.01 %).
+        chunks = [c["n"] for r in _rows(results[leg]) for c in r["trace"]["chunks"]]
+        assert sum(n == 1 for n in chunks) > 0.9 * len(chunks), chunks
     for leg in ("B1", "B2"):
         e = results[leg].engine
         assert e is not None and e.draft_cycles and e.draft_tokens and e.accepted_draft_tokens
@@ -104,9 +114,10 @@ def test_record_has_pairs_quality_verdict_and_gate(
     abba: tuple[dict[str, LegResult], dict[str, Any], Path]
 ) -> None:
     _, record, exp_dir = abba
-    assert record["quality"]["all_legs_teacher_exact"] == "52/52"
+    legs_rows = f"{4 * SHORT_ROWS}/{4 * SHORT_ROWS}"
+    assert record["quality"]["all_legs_teacher_exact"] == legs_rows
     assert record["quality"]["all_legs_cross_exact"] is True
-    assert record["quality"]["all_legs_cached_zero"] == "52/52"
+    assert record["quality"]["all_legs_cached_zero"] == legs_rows
     assert record["quality"]["retries"] == 0
     assert set(record["pair_results"]) == {"B1_vs_A1", "B2_vs_A2"}
     runs = record["runs"]
@@ -124,7 +135,7 @@ def test_record_has_pairs_quality_verdict_and_gate(
     assert "no prior record declared in the plan" in record["record_gate"]["reasons"]
     assert (exp_dir / "record.json").is_file()
     teacher = load_teacher(exp_dir / "teacher.json")
-    assert teacher.arm["name"] == "control" and len(teacher.rows) == 13
+    assert teacher.arm["name"] == "control" and len(teacher.rows) == SHORT_ROWS
     for leg in ("A1", "B1", "B2", "A2"):
         config = json.loads((Path(runs[leg]["run_dir"]) / "config.json").read_text())
         assert config["leg"]["plan_sha256"] == record["plan_sha256"]
@@ -137,17 +148,17 @@ def test_every_leg_carries_idle_gates_and_host_telemetry(
     assert record["quality"]["idle_before_and_after_all_legs"] is True
     assert record["quality"]["same_hardware_all_legs"] is True
     assert record["hardware"]["hw_class"] in ("CPU_ONLY", "DISCRETE_GPU")
-    consecutive = DEMO_IDLE.consecutive
+    consecutive = ENGINE_IDLE.consecutive
     for leg in ("A1", "B1", "B2", "A2"):
         op = record["operational"]["legs"][leg]
         assert op["prestart_idle_snapshots"] >= consecutive, op
         assert op["poststop_idle_snapshots"] >= consecutive, op
-        assert op["prestart_idle_seconds"] >= consecutive * DEMO_IDLE.interval_s * 0.9
+        assert op["prestart_idle_seconds"] >= consecutive * ENGINE_IDLE.interval_s * 0.9
         tel = record["runs"][leg]["telemetry"]
-        # 13 rows x 512 tokens take tens of seconds: dozens of half-second samples
-        assert tel["samples_in_window"] >= 10, tel
+        # The short suite's rows stream for several seconds: half-second samples cover them
+        assert tel["samples_in_window"] >= 3, tel
         assert tel["host_cpu_util_pct_mean"] > 0
-        assert tel["output_tokens"] == 13 * 512
+        assert tel["output_tokens"] == SHORT_ROWS * SHORT_MAX_TOKENS
         gates = record["runs"][leg]["gates"]
         assert gates["idle_before"]["status"] == gates["idle_after"]["status"] == "pass"
 
@@ -171,11 +182,11 @@ def test_prefix_caching_fails_cached_tokens_gate_and_audit(
 ) -> None:
     config = LegConfig(
         name="audit", arm="plain-prefix-caching",
-        server=ServerSpec(argv=tuple(embedded.vllm_argv(engine_python, prefix_caching=True)),
+        server=ServerSpec(argv=(*embedded.vllm_argv(engine_python, prefix_caching=True), *VLLM_EAGER),
                           env=embedded.ENGINE_ENV, model=str(demo_model),
                           served_model=embedded.SERVED_MODEL, ready_timeout_s=600),
         suite=audit_suite(load_suite(), None),
-        gates=GateConfig(), idle=DEMO_IDLE,
+        gates=GateConfig(), idle=ENGINE_IDLE,
     )
     result = run_leg(config, tmp_path / "audit")
     assert result.status == "complete", result.error

@@ -59,6 +59,8 @@ def test_audit_suite_longest_tie_takes_the_first() -> None:
     assert audit_suite(tied, None).rows[0].id == "y#1"
 
 
+# A TTFT measured in real time off the paced fake server: serial group (tests/conftest.py).
+@pytest.mark.serial
 @pytest.mark.parametrize("row", [3, 99, -1])
 def test_audit_suite_row_outside_the_suite(row: int) -> None:
     with pytest.raises(ConfigError, match=rf"--row {row} is outside the suite \(0\.\.2\)"):

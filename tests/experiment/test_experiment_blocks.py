@@ -40,6 +40,10 @@ sd_leg_pct = 1.0
 sd_row_pct = 0.5
 """
 
+# Every experiment here reads rates and verdict ratios measured in real time off paced fake
+# servers, and the module's fixtures are shared: the whole module runs in the serial group.
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def two_blocks(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:

@@ -101,6 +101,9 @@ def reaping(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
 # --------------------------------------------------------------------------- a real ABBA
 
 
+# The tests on `faster` read rates measured in real time off a paced server (a 5 % effect
+# within 1.5 points, a FASTER verdict): they are marked serial, so the experiment runs once,
+# in the serial group, with the cores to itself (tests/conftest.py).
 @pytest.fixture(scope="module")
 def faster(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     root = tmp_path_factory.mktemp("faster")
@@ -114,6 +117,7 @@ def faster(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
                            record=record, record_path=record_path)
 
 
+@pytest.mark.serial
 def test_abba_faster_candidate_sets_a_record(faster: SimpleNamespace) -> None:
     record, results = faster.record, faster.results
     assert list(results) == LEGS
@@ -165,12 +169,14 @@ def test_abba_faster_candidate_sets_a_record(faster: SimpleNamespace) -> None:
     assert record["protocol"]["max_tokens"] == MAX_TOKENS
 
 
+@pytest.mark.serial
 def test_record_file_is_what_build_record_returned(faster: SimpleNamespace) -> None:
     assert faster.record_path == faster.exp / "record.json"
     assert read_record(faster.exp) == json.loads(json.dumps(faster.record))
     assert events(faster.exp)[-1]["event"] == "complete"
 
 
+@pytest.mark.serial
 def test_plan_hash_in_every_leg_and_the_record(faster: SimpleNamespace) -> None:
     sha = faster.plan.sha256
     exp = faster.exp
@@ -189,6 +195,7 @@ def test_plan_hash_in_every_leg_and_the_record(faster: SimpleNamespace) -> None:
     assert prereg["legs"] == LEGS
 
 
+@pytest.mark.serial
 def test_state_log_order_and_idle_gaps(faster: SimpleNamespace) -> None:
     kinds = {"preregistered", "leg_start", "leg_end", "teacher_captured", "idle_gap", "complete",
              "resumed", "orphan_server_stopped"}
@@ -211,6 +218,7 @@ def test_state_log_order_and_idle_gaps(faster: SimpleNamespace) -> None:
     assert teacher["arm"]["name"] == "control"
 
 
+@pytest.mark.serial
 def test_completed_plan_is_never_run_again(faster: SimpleNamespace) -> None:
     exp = faster.exp
     state_before = (exp / "experiment.jsonl").read_bytes()
@@ -224,6 +232,7 @@ def test_completed_plan_is_never_run_again(faster: SimpleNamespace) -> None:
         assert sorted(p.name for p in (exp / name).iterdir()) == ["attempt-1"]
 
 
+@pytest.mark.serial
 def test_changed_plan_is_refused_on_a_completed_experiment(faster: SimpleNamespace) -> None:
     exp = faster.exp
     state_before = (exp / "experiment.jsonl").read_bytes()
@@ -255,6 +264,8 @@ def test_changed_plan_is_refused_after_preregistration(tmp_path: Path) -> None:
         run_experiment(plan, other)
 
 
+# Rates or waits measured in real time off a paced fake server: serial group (tests/conftest.py).
+@pytest.mark.serial
 def test_a_a_experiment_makes_no_record(tmp_path: Path) -> None:
     path, plan = write_plan(tmp_path, plan_toml("aa", control=1000, candidate=1000,
                                                 prior="value_tok_s = 990"))
@@ -449,6 +460,8 @@ def test_resume_from_another_working_directory(
 # --------------------------------------------------------------------------- single leg
 
 
+# Rates or waits measured in real time off a paced fake server: serial group (tests/conftest.py).
+@pytest.mark.serial
 def test_single_design_one_candidate_leg(tmp_path: Path) -> None:
     prior = "value_tok_s = 1500\nid = \"prev\"\nbest_exact_tok_s = 1900\ngoal_tok_s = 1800"
     path, plan = write_plan(tmp_path, plan_toml(

@@ -39,6 +39,8 @@ def _gate(result: LegResult, name: str):  # type: ignore[no-untyped-def]
     return next(g for g in result.gates if g.name == name)
 
 
+# Rates or waits measured in real time off a paced fake server: serial group (tests/conftest.py).
+@pytest.mark.serial
 @pytest.mark.parametrize(("dialect", "endpoint", "source"), [
     ("llama.cpp", "native", "token_ids"),
     ("sglang", "native", "token_ids"),

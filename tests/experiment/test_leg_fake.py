@@ -36,6 +36,10 @@ def config(fake_argv: list[str], *extra: str, env: dict[str, str] | None = None,
     )
 
 
+# The rate tests below check the client's measured rate against the fake server's pacing
+# within 0.5 %: real elapsed time, so they run in the serial group (tests/conftest.py),
+# away from the parallel tests that would share the cores with the paced server.
+@pytest.mark.serial
 @pytest.mark.parametrize("endpoint", [Endpoint.COMPLETIONS, Endpoint.CHAT])
 def test_leg_at_known_rate(fake_argv: list[str], run_root: Path, endpoint: Endpoint) -> None:
     # five rows: the median shrugs off one row the (shared, noisy) machine delayed
@@ -60,12 +64,14 @@ def test_leg_at_known_rate(fake_argv: list[str], run_root: Path, endpoint: Endpo
     assert summary["schema"] == "tokrecord.leg-summary/v1"
 
 
+@pytest.mark.serial
 def test_rate_set_through_env(fake_argv: list[str], run_root: Path) -> None:
     cfg = config(fake_argv, "--ttft-ms", "20", env={"TOKRECORD_FAKE_TOK_S": "500"},
                  suite=small_suite(5, 120))
     assert run_leg(cfg, run_root / "leg").summary.tok_s_out == pytest.approx(500, rel=0.005)
 
 
+@pytest.mark.serial
 def test_multi_token_chunks(fake_argv: list[str], run_root: Path) -> None:
     cfg = config(fake_argv, "--ttft-ms", "20", "--tok-s", "1000", "--tokens-per-chunk", "4",
                  suite=small_suite(2, 200))

@@ -49,6 +49,7 @@ def _take_pid(pid: int, attempts: int = 50) -> subprocess.Popen[bytes] | None:
     return None
 
 
+@pytest.mark.serial  # sets the kernel's next pid: parallel workers' forks would race it
 @pytest.mark.skipif(not os.access(NS_LAST_PID, os.W_OK), reason="needs a writable ns_last_pid")
 def test_a_reused_pid_of_a_reaped_helper_is_not_killed(tmp_path: Path) -> None:
     port = free_port()

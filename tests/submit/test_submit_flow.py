@@ -103,6 +103,8 @@ def closed_port() -> int:
 # ------------------------------------------------------------------------- payload
 
 
+# Rates or waits measured in real time off a paced fake server: serial group (tests/conftest.py).
+@pytest.mark.serial
 def test_payload_from_a_sealed_fake_record(record: Path) -> None:
     facts = load_facts(record)
     built = LocalMaxxing("http://127.0.0.1:9").build(facts, OPTS)
@@ -312,6 +314,8 @@ def test_bad_payload_gets_400_and_local_validation_stops_it_first(record: Path, 
         assert posts(s.log, "/api/speed-tests") == []  # the honest target sent nothing either
 
 
+# The stand-in's rate-limit window runs in real time: serial group (tests/conftest.py).
+@pytest.mark.serial
 def test_429_waits_retry_after_ms_then_succeeds(record: Path, tmp_path: Path, ledger: Ledger) -> None:
     with standin(tmp_path, "--rate-limit", "1", "--window-s", "1.5") as s:
         target = LocalMaxxing(s.url)
@@ -323,6 +327,8 @@ def test_429_waits_retry_after_ms_then_succeeds(record: Path, tmp_path: Path, le
         waits: list[float] = []
 
         def sleep(seconds: float) -> None:
+            # Real elapsed time, on purpose: the stand-in server (another process) opens
+            # its rate-limit window on its own clock, so only a real wait gets past it.
             waits.append(seconds)
             time.sleep(seconds)
 
@@ -340,6 +346,8 @@ def test_429_waits_retry_after_ms_then_succeeds(record: Path, tmp_path: Path, le
         assert [e["http_status"] for e in receipt["exchanges"]] == [429, 201]
 
 
+# The stand-in's rate-limit window runs in real time: serial group (tests/conftest.py).
+@pytest.mark.serial
 def test_429_past_the_wait_budget_is_recorded_not_retried(record: Path, tmp_path: Path,
                                                           ledger: Ledger) -> None:
     with standin(tmp_path, "--rate-limit", "1", "--window-s", "300") as s:

@@ -189,6 +189,8 @@ def test_check_wait_rejected_time_bound_and_rate_limits(record: Path, tmp_path: 
         slept: list[float] = []
 
         def sleep(seconds: float) -> None:
+            # Real elapsed time, on purpose: the stand-in server (another process) opens
+            # its rate-limit window on its own clock, so only a real wait gets past it.
             slept.append(seconds)
             time.sleep(seconds)
 

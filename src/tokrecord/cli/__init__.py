@@ -30,7 +30,9 @@ from tokrecord.demo.plan import (
     claim_lines,
     demo_plan,
     demo_plan_llamacpp,
+    demo_sequential,
     design_lines,
+    sequential_claim_lines,
 )
 from tokrecord.engines import Endpoint, EngineName
 from tokrecord.errors import ConfigError, TokrecordError
@@ -48,6 +50,7 @@ from tokrecord.experiment.runner import (
     plan_suite,
     run_experiment,
 )
+from tokrecord.experiment.sequential import SequentialAnalysis
 from tokrecord.experiment.stats import VerdictAnalysis
 from tokrecord.gates import GateResult
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
@@ -471,6 +474,9 @@ def demo(
     budget: Annotated[float, typer.Option(
         min=60, help="Seconds `make demo` may take, install included: sizes the llama.cpp "
         "design.")] = DEMO_BUDGET_S,
+    sequential: Annotated[bool, typer.Option(
+        "--sequential", help="llama.cpp: run the budget's blocks sequentially (a look after "
+        "each, Pocock spending) and stop as soon as the effect is decided.")] = False,
 ) -> None:
     """A full preregistered ABBA on a local engine: on llama.cpp, plain decoding vs
     draft-model speculative decoding, in as many blocks as fit the budget."""
@@ -484,12 +490,15 @@ def demo(
         python = xllamacpp.ensure_llamacpp(say)
         target, draft = build_demo_target_gguf(models), build_demo_gguf(models)
         err_console.print(f"demo target: {target}\ndemo draft: {draft}", soft_wrap=True)
+        fitting = blocks or blocks_within(budget, idle_gap_s=idle_gap)
+        # With --sequential the blocks are a maximum: it stops once decided.
         plan = demo_plan_llamacpp(python, target, draft, rows=rows, idle_gap_s=idle_gap,
-                                  blocks=blocks or blocks_within(budget, idle_gap_s=idle_gap))
+                                  blocks=fitting,
+                                  sequential=demo_sequential(fitting) if sequential else None)
         n_rows = len(plan_suite(plan).rows)
         noise = plan_noise(plan, "the demo plan")
         report = power_report(plan, noise, n_rows)
-        detectable = min_detectable_effect(noise, n_rows, plan.blocks, plan.verdict.confidence,
+        detectable = min_detectable_effect(noise, n_rows, plan.max_blocks, plan.verdict.confidence,
                                            plan.verdict.equivalence_pct)
         for line in design_lines(plan, report, detectable, budget, blocks is None):
             err_console.print(escape(line), soft_wrap=True)
@@ -509,7 +518,11 @@ def demo(
     )
     exp_dir = out or _default_out("demo")
     record, results = _execute_plan(plan, exp_dir, None, show_log_tail)
-    if chosen is EngineName.LLAMA_CPP and record.get("verdict_analysis"):
+    if chosen is EngineName.LLAMA_CPP and record.get("sequential"):
+        seq = SequentialAnalysis.model_validate(record["sequential"])
+        for line in sequential_claim_lines(seq, plan.max_blocks):
+            out_console.print(escape(line), soft_wrap=True)
+    elif chosen is EngineName.LLAMA_CPP and record.get("verdict_analysis"):
         analysis = VerdictAnalysis.model_validate(record["verdict_analysis"])
         for line in claim_lines(analysis, detectable):
             out_console.print(escape(line), soft_wrap=True)

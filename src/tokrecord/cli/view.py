@@ -326,8 +326,9 @@ def _pct(value: float | None) -> str:
 
 def experiment_tables(record: AbbaRecord) -> list[Table]:
     legs = [name for name in record.protocol.leg_names() if name in record.runs_by_name()]
+    by_text = sum(_rows_by_text(leg) for leg in record.runs_by_name().values())
     return [_runs_table(record, legs), _gates_matrix(record, legs), _pairs_table(record),
-            _quality_table(record.quality), _record_gate_table(record.record_gate)]
+            _quality_table(record.quality, by_text), _record_gate_table(record.record_gate)]
 
 
 def _runs_table(record: AbbaRecord, legs: list[str]) -> Table:
@@ -390,10 +391,24 @@ def _gates_matrix(record: AbbaRecord, legs: list[str]) -> Table:
     short = len(legs) > 4
     if short:
         matrix.caption = "n/t: not tested"
+    by_text = {name: _rows_by_text(runs[name]) for name in legs}
     for gate in [g for g in _LABELS if g in present] + [g for g in present if g not in _LABELS]:
         cells = [_gate_cell(runs[name].gates.get(gate), short) for name in legs]
+        if gate == "teacher_exact":  # "13/13" alone would claim ids where text was compared
+            cells = [c + "*" if by_text[name] else c for c, name in zip(cells, legs, strict=True)]
         matrix.add_row(_LABELS.get(gate, gate), *cells)
+    if any(by_text.values()):
+        note = ("*: some rows compared by text, every id the server sent compared by position "
+                "(README: Token-exact on llama.cpp)")
+        matrix.caption = f"{matrix.caption}; {note}" if matrix.caption else note
     return matrix
+
+
+def _rows_by_text(leg: object) -> int:
+    """How many of a leg's teacher-exact rows were compared by text (0 where its record
+    does not say: sealed before leg gates v2)."""
+    found = re.search(r"(\d+) by text", getattr(leg, "teacher_exact_compared_by", None) or "")
+    return int(found.group(1)) if found else 0
 
 
 def _gate_cell(gate: GateSummary | None, short: bool) -> str:
@@ -421,13 +436,16 @@ _QUALITY_ROWS = ("all_legs_teacher_exact", "all_legs_cross_exact", "all_legs_cac
                  "retries")
 
 
-def _quality_table(q: AbbaQuality) -> Table:
+def _quality_table(q: AbbaQuality, rows_by_text: int = 0) -> Table:
     quality = Table(title="quality across legs", box=None, padding=(0, 1), show_header=False)
     quality.add_column("gate")
     quality.add_column("value", justify="right")
     for key in _QUALITY_ROWS:
         if key in q.model_fields_set:
-            quality.add_row(key, str(getattr(q, key)))
+            value = str(getattr(q, key))
+            if key == "all_legs_teacher_exact" and rows_by_text:
+                value += f", {rows_by_text} by text"
+            quality.add_row(key, value)
     return quality
 
 

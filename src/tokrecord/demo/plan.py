@@ -15,8 +15,17 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from tokrecord.engines import Endpoint, EngineName
-from tokrecord.experiment.plan import Arm, Design, NoisePlan, Plan, ServerPlan
+from tokrecord.experiment.plan import (
+    Arm,
+    Design,
+    NoisePlan,
+    Plan,
+    SequentialSpec,
+    ServerPlan,
+    Spending,
+)
 from tokrecord.experiment.power import PowerReport
+from tokrecord.experiment.sequential import SequentialAnalysis
 from tokrecord.experiment.stats import Verdict, VerdictAnalysis
 from tokrecord.gates import GateConfig, LogRule
 from tokrecord.identity import IdentitySpec
@@ -176,15 +185,27 @@ DEMO_NOISE: Final = NoisePlan(sd_leg_pct=2.3, sd_row_pct=2.4)
 DEMO_MIN_EFFECT_PCT: Final = 5.0
 
 
+def demo_sequential(max_blocks: int) -> SequentialSpec | None:
+    """`tokrecord demo --sequential`: a look after every block from the first, Pocock-like
+    spending (its early boundaries are the lower ones), at most the blocks the budget
+    fits. The demo's effect (+22-27 % in earlier runs) should be decided after one block,
+    and it never runs more than the fixed design would; None when one block fits."""
+    if max_blocks < 2:
+        return None
+    return SequentialSpec(max_blocks=max_blocks, min_blocks=1, spending=Spending.POCOCK)
+
+
 def demo_plan_llamacpp(python: Path, target: Path, draft: Path, *, rows: int | None = None,
-                       idle_gap_s: float = 5.0, blocks: int = 1) -> Plan:
+                       idle_gap_s: float = 5.0, blocks: int = 1,
+                       sequential: SequentialSpec | None = None) -> Plan:
     """llama.cpp (xllamacpp), ``blocks`` ABBA blocks: control plain decoding of the target,
     candidate the same target with the draft model speculating (see demo.model: the draft
     is the target's first layers, so it is right about every token and cheaper per token)."""
     return Plan(
         name="demo-llamacpp-draft-vs-plain",
         design=Design.ABBA,
-        blocks=blocks,
+        blocks=blocks if sequential is None else 1,
+        sequential=sequential,
         min_effect_pct=DEMO_MIN_EFFECT_PCT,
         noise=DEMO_NOISE,
         engine=EngineName.LLAMA_CPP,
@@ -211,13 +232,21 @@ def design_lines(plan: Plan, power: PowerReport, detectable_pct: float | None,
                  timing: DemoTiming = DEMO_TIMING) -> list[str]:
     """What the demo tells before its first leg: how many blocks and why, and the power
     they have (so a reader knows what a verdict from it can and cannot show)."""
-    expected = demo_seconds(plan.blocks, timing, plan.idle_gap_s)
+    k = plan.max_blocks
+    expected = demo_seconds(k, timing, plan.idle_gap_s)
     why = (f"as many as fit the {budget_s / 60:g} min budget" if sized_by_budget
            else "given with --blocks")
-    lines = [f"design: {plan.blocks} ABBA block(s) = {4 * plan.blocks} legs after the teacher "
+    lines = [f"design: {k} ABBA block(s) = {4 * k} legs after the teacher "
              f"({why}; expected {expected / 60:.1f} min with setup)"]
+    if plan.sequential is not None:
+        one = demo_seconds(plan.sequential.min_blocks, timing, plan.idle_gap_s)
+        lines[0] = (f"design: sequential, at most {k} ABBA blocks = {4 * k} legs after the "
+                    f"teacher ({why}), a look after each block from block "
+                    f"{plan.sequential.min_blocks} ({plan.sequential.spending.value} "
+                    f"spending): stops as soon as it is decided ({one / 60:.1f} min with "
+                    f"setup if the first look decides, {expected / 60:.1f} min at most)")
     if expected > budget_s:
-        lines.append(f"  over budget: {plan.blocks} block(s) are expected to take "
+        lines.append(f"  over budget: {k} block(s) are expected to take "
                      f"{expected / 60:.1f} min, more than {budget_s / 60:g} min")
     by_effect = ", ".join(f"+{e.effect_pct:g} %: {100 * e.power:.0f} %" for e in power.entries)
     lines.append(f"power, P(FASTER) for a true speed-up of {by_effect} (noise: leg "
@@ -256,3 +285,21 @@ def claim_lines(analysis: VerdictAnalysis, detectable_pct: float | None) -> list
            "the legs were noisier than the plan's noise figures")
     return [f"no claim: {interval} is too wide to decide; this design finds {reach} with "
             f"90 % power and {why} (more blocks, or a quieter machine)"]
+
+
+def sequential_claim_lines(seq: SequentialAnalysis, max_blocks: int) -> list[str]:
+    """What a sequential demo may claim: its stopping rule's verdict with the repeated
+    interval (valid after stopping), where it stopped, and the legs it saved."""
+    if seq.ci_low is None or seq.ci_high is None or seq.estimate_ratio is None:
+        return [f"no claim: the stopping rule decided nothing ({seq.verdict.value})"]
+    stopped = int(str(seq.stopped_at).split()[-1]) if seq.stopped_at else max_blocks
+    interval = (f"{100 * (seq.estimate_ratio - 1):+.1f} % [repeated "
+                f"{100 * seq.confidence:g} % CI {100 * (seq.ci_low - 1):+.1f} %, "
+                f"{100 * (seq.ci_high - 1):+.1f} %]")
+    saved = (f"; stopped after block {stopped} of {max_blocks}: {4 * (max_blocks - stopped)} "
+             "legs not run" if stopped < max_blocks else f"; ran all {max_blocks} blocks")
+    if seq.verdict in (Verdict.FASTER, Verdict.SLOWER):
+        return [f"claim: the candidate is {seq.verdict.value} by {interval}{saved}",
+                "  (the estimate is biased away from no change when a run stops early; the "
+                "interval is not)"]
+    return [f"{seq.verdict.value}: {interval}{saved}"]

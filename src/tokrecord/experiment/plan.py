@@ -14,7 +14,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from tokrecord.client.limits import RowLimits
 from tokrecord.engines import (
@@ -125,6 +133,34 @@ class VerdictSpec(_Strict):
     require_faster_for_record: bool = True
 
 
+class Spending(StrEnum):
+    """Lan-DeMets alpha-spending functions a sequential plan can name."""
+
+    OBRIEN_FLEMING = "obrien-fleming"
+    POCOCK = "pocock"
+
+
+class SequentialSpec(_Strict):
+    """A sequential design: ABBA/BAAB blocks, an interim analysis after each from
+    `min_blocks` on, stopping as soon as the preregistered boundaries decide
+    (experiment.sequential), at `max_blocks` at the latest."""
+
+    # One block leaves 2 df: its t boundary would be far too wide to stop on.
+    min_blocks: int = Field(default=2, ge=1, le=50)
+    max_blocks: int = Field(ge=2, le=50)
+    spending: Spending = Spending.OBRIEN_FLEMING
+    # The band for NO DIFFERENCE; None: the verdict's equivalence_pct.
+    equivalence_pct: float | None = Field(default=None, ge=0)
+
+    @field_validator("max_blocks")
+    @classmethod
+    def _min_le_max(cls, value: int, info: ValidationInfo) -> int:
+        least = info.data.get("min_blocks")
+        if isinstance(least, int) and value < least:
+            raise ValueError(f"max_blocks ({value}) is less than min_blocks ({least})")
+        return value
+
+
 class NoisePlan(_Strict):
     """The noise the power is computed from: figures given, or earlier records (an A/A
     record is the machine's own noise floor). Records win over figures when both exist."""
@@ -148,6 +184,8 @@ class Plan(_Strict):
     # The smallest effect worth claiming, in %: its power is written into the preregistration.
     min_effect_pct: float | None = Field(default=None, gt=0)
     noise: NoisePlan | None = None
+    # A sequential design ([sequential]): blocks until the stopping rule decides.
+    sequential: SequentialSpec | None = None
     # The confidence at which the record gate needs FASTER (the verdict uses
     # verdict.confidence): 0.98 two-sided keeps false records in A/A at 1 % or less.
     record_confidence: float = Field(default=0.98, gt=0.5, lt=1)
@@ -190,6 +228,13 @@ class Plan(_Strict):
 
     @model_validator(mode="after")
     def _arms_fit_design(self) -> Plan:
+        if self.sequential is not None:
+            if self.design is not Design.ABBA:
+                raise ValueError(f"[sequential] needs design 'abba'; this plan's is "
+                                 f"{self.design.value!r}")
+            if self.blocks not in (1, self.sequential.max_blocks):
+                raise ValueError(f"blocks = {self.blocks} with [sequential]: a sequential plan "
+                                 "runs up to sequential.max_blocks; leave blocks out")
         names = [c.name for c in self.components]
         if len(names) != len(set(names)):
             raise ValueError(f"component names must be unique: {names}")
@@ -211,10 +256,15 @@ class Plan(_Strict):
         return self
 
     @property
+    def max_blocks(self) -> int:
+        """The blocks the design may run: all of them, or a sequential plan's maximum."""
+        return self.sequential.max_blocks if self.sequential is not None else self.blocks
+
+    @property
     def design_legs(self) -> tuple[DesignLeg, ...]:
         if self.design is Design.SINGLE:
             return (DesignLeg("B1", 1, True),)
-        return abba_design(self.blocks)
+        return abba_design(self.max_blocks)
 
     @property
     def legs(self) -> tuple[tuple[str, ArmName], ...]:
@@ -228,7 +278,7 @@ class Plan(_Strict):
     @property
     def pairs(self) -> tuple[tuple[str, str], ...]:
         """(candidate-position leg, control-position leg); none for a single leg."""
-        return () if self.design is Design.SINGLE else abba_pairs(self.blocks)
+        return () if self.design is Design.SINGLE else abba_pairs(self.max_blocks)
 
     def canonical(self) -> bytes:
         # Sections added after plans were first sealed are left out while they hold
@@ -247,7 +297,7 @@ _LATER_DEFAULTS: Final[dict[str, Any]] = {"idle": IdleCriteria(), "telemetry": T
                                            "blocks": 1, "min_effect_pct": None, "noise": None,
                                            "record_confidence": 0.98, "engine": None,
                                            "log_facts": (), "components": (),
-                                           "row_limits": RowLimits()}
+                                           "sequential": None, "row_limits": RowLimits()}
 _ADDED_LATER: Final = tuple(_LATER_DEFAULTS)
 
 
@@ -262,12 +312,14 @@ def _friendly(source: str, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def parse_plan(data: dict[str, Any], source: str) -> Plan:
+def parse_plan(data: dict[str, Any], source: str, noise_given: bool = False) -> Plan:
+    """The plan, validated. `noise_given`: the noise comes from elsewhere (`plan power
+    --from` or `--sd-leg/--sd-row`), so a min_effect_pct needs no [noise] here."""
     try:
         plan = Plan.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_friendly(source, exc)) from exc
-    if plan.min_effect_pct is not None and not has_noise(plan):
+    if plan.min_effect_pct is not None and not has_noise(plan) and not noise_given:
         raise ConfigError(
             f"{source}: key 'min_effect_pct': its power cannot be computed: no noise given. "
             "Add [noise] sd_leg_pct and sd_row_pct, or noise.from_records = [earlier records] "
@@ -280,7 +332,7 @@ def has_noise(plan: Plan) -> bool:
     return n is not None and (n.sd_leg_pct is not None or bool(n.from_records))
 
 
-def load_plan(path: Path) -> Plan:
+def load_plan(path: Path, noise_given: bool = False) -> Plan:
     try:
         with open(path, "rb") as fh:
             raw = tomllib.load(fh)
@@ -288,7 +340,7 @@ def load_plan(path: Path) -> Plan:
         raise ConfigError(f"cannot read plan {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
-    plan = parse_plan(raw, str(path))
+    plan = parse_plan(raw, str(path), noise_given)
     base = path.parent
     # Paths in a plan are relative to the plan file, not to wherever it is run from.
     updates: dict[str, Any] = {}

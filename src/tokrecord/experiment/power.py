@@ -72,12 +72,12 @@ def power_report(plan: Plan, noise: Noise, rows: int,
     conf, eq = plan.verdict.confidence, plan.verdict.equivalence_pct
     wanted = sorted({*effects, *([plan.min_effect_pct] if plan.min_effect_pct else [])})
     entries = tuple(
-        PowerEntry(effect_pct=e, power=round(power(e, noise, rows, plan.blocks, conf, eq), 4),
+        PowerEntry(effect_pct=e, power=round(power(e, noise, rows, plan.max_blocks, conf, eq), 4),
                    blocks_for_target=blocks_for_power(e, noise, rows, conf, eq, TARGET_POWER))
         for e in wanted)
     mine = next((x.power for x in entries if x.effect_pct == plan.min_effect_pct), None)
     return PowerReport(
-        method=POWER_METHOD, blocks=plan.blocks, df=abba_df(plan.blocks), rows=rows,
+        method=POWER_METHOD, blocks=plan.max_blocks, df=abba_df(plan.max_blocks), rows=rows,
         confidence=conf, equivalence_pct=eq, target_power=TARGET_POWER,
         sd_leg_pct=round(noise.sd_leg_pct, 6), sd_row_pct=round(noise.sd_row_pct, 6),
         noise_df=noise.leg_df, noise_sources=noise.sources, min_effect_pct=plan.min_effect_pct,
@@ -139,9 +139,10 @@ def noise_from_record(record: Mapping[str, Any], source: str) -> Noise:
                  sources=(f"{source} (legs' headlines only: row noise folded into leg noise)",))
 
 
-def load_noise(paths: Sequence[Path]) -> Noise:
-    """Pooled noise of earlier records (record.json, or an experiment directory)."""
-    parts = []
+def read_records(paths: Sequence[Path]) -> list[tuple[Path, Mapping[str, Any]]]:
+    """Earlier records (record.json, or an experiment directory) as (file, dict); a
+    ConfigError naming the file when one cannot be read or is not a JSON object."""
+    found = []
     for path in paths:
         file = path / "record.json" if path.is_dir() else path
         try:
@@ -152,8 +153,13 @@ def load_noise(paths: Sequence[Path]) -> Noise:
             raise ConfigError(f"{file}: not JSON: {exc}") from exc
         if not isinstance(data, Mapping):
             raise ConfigError(f"{file}: not a record")
-        parts.append(noise_from_record(data, str(file)))
-    return pool_noise(parts)
+        found.append((file, data))
+    return found
+
+
+def load_noise(paths: Sequence[Path]) -> Noise:
+    """Pooled noise of earlier records (record.json, or an experiment directory)."""
+    return pool_noise([noise_from_record(data, str(file)) for file, data in read_records(paths)])
 
 
 def plan_noise(plan: Plan, source: str, records: Sequence[Path] = (),

@@ -50,12 +50,14 @@ from tokrecord.evidence import (
 )
 from tokrecord.evidence.seal import SIGNATURE_NAME
 from tokrecord.experiment.components import check_components, copy_components
+from tokrecord.experiment.interim import analysis_legs, leg_figures, sequential_analysis
 from tokrecord.experiment.leg import (
     LegConfig,
     LegObserver,
     LegResult,
     NullObserver,
     ServerSpec,
+    load_rows,
     run_leg,
     teacher_from_run,
 )
@@ -574,13 +576,42 @@ def run_experiment(
         results: dict[str, LegResult] = {}
         total = len(plan.legs)
         for index, (name, arm) in enumerate(plan.legs, start=1):
+            if plan.sequential is not None and (index - 1) % 4 == 0 and \
+                    not _next_block_wanted(plan, state, results, (index - 1) // 4 + 1, obs):
+                break
             results[name] = _run_attempts(
                 state, exp_dir / name, functools.partial(leg_config, plan, suite, name, arm),
                 obs, teacher, index, total,
                 before_run=functools.partial(_honour_idle_gap, plan, state, name, obs, sleep),
                 identity=functools.partial(check_identity, plan, exp_dir), stopped=stopped,
             )
+    if plan.sequential is not None and len(results) == total:
+        _next_block_wanted(plan, state, results, plan.max_blocks + 1, obs)
     return results
+
+
+def _next_block_wanted(plan: Plan, state: _State, results: dict[str, LegResult], block: int,
+                       obs: ExperimentObserver) -> bool:
+    """A sequential plan's interim analysis before `block` starts: log each look once
+    (a resume recomputes them from the kept legs, the same way), and say whether the
+    stopping rule wants this block."""
+    found = sequential_analysis(plan, analysis_legs(plan, {
+        name: leg_figures(r, load_rows(Path(r.run_dir))) for name, r in results.items()}))
+    logged = {e.get("look") for e in state.events if e["event"] == "interim_look"}
+    for look in found.looks:
+        if look.label not in logged:
+            state.append("interim_look", look=look.label, statistic=look.statistic,
+                         boundary=look.boundary, df=look.df, verdict=look.verdict.value,
+                         action=look.action.value)
+            progress = getattr(obs, "interim_look", None)
+            if callable(progress):
+                progress(look)
+    if found.stopped:
+        if not any(e["event"] == "sequential_stop" for e in state.events):
+            state.append("sequential_stop", at=found.stopped_at, verdict=found.verdict.value,
+                         legs=len(results), max_legs=4 * plan.max_blocks)
+        return False
+    return block <= plan.max_blocks
 
 
 def _since(last: tuple[float, int | None, str | None]) -> float:

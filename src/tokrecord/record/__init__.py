@@ -20,9 +20,18 @@ from pydantic import BaseModel, ConfigDict
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout
 from tokrecord.evidence.redact import redact_argv, redact_env
+from tokrecord.experiment.interim import leg_figures, sequential_analysis
 from tokrecord.experiment.leg import CLOCK_SOURCE, LegResult, RowRecord
 from tokrecord.experiment.noise import legs_in_order, noise_diagnostic
-from tokrecord.experiment.plan import Arm, Design, Plan, abba_pairs, speculative_configs
+from tokrecord.experiment.plan import (
+    Arm,
+    Design,
+    DesignLeg,
+    Plan,
+    abba_pairs,
+    speculative_configs,
+)
+from tokrecord.experiment.sequential import SequentialAnalysis
 from tokrecord.experiment.stats import (
     AnalysisLeg,
     LegFigures,
@@ -68,15 +77,6 @@ class EvidenceFacts(BaseModel):
     # The prior's recheck on the public API at preregistration (prior-check.json).
     prior_recheck: dict[str, Any] | None = None
 
-
-def figures(result: LegResult, rows: Sequence[RowRecord]) -> LegFigures:
-    conv = result.summary.headline_convention
-    return LegFigures(
-        name=result.name, arm=result.arm, headline=result.summary.tok_s_out,
-        row_rates=tuple(r.metrics.rate(conv) for r in rows),
-        aggregate_cycle_ms=result.engine.aggregate_cycle_ms if result.engine else None,
-        acceptance_rate=result.engine.draft_acceptance_rate if result.engine else None,
-    )
 
 
 def _gate(result: LegResult, name: str) -> GateResult | None:
@@ -162,9 +162,10 @@ def abba_record(
     if schema not in (SCHEMA_ABBA, SCHEMA_ABBA_V1):
         raise ConfigError(f"unknown experiment record schema {schema!r}")
     v1 = schema == SCHEMA_ABBA_V1
-    design = plan.design_legs
-    figs = {name: figures(results[name], rows[name]) for name in results}
-    pair_names = abba_pairs(1) if v1 else plan.pairs
+    # A sequential plan runs the blocks its stopping rule asked for: the legs given.
+    design = tuple(leg for leg in plan.design_legs if leg.name in results)
+    figs = {name: leg_figures(results[name], rows[name]) for name in results}
+    pair_names = abba_pairs(1) if v1 else tuple(p for p in plan.pairs if set(p) <= set(results))
     pairs = {f"{c}_vs_{a}": pair_result(figs[c], figs[a], plan.criteria) for c, a in pair_names}
     boot = paired_bootstrap([(figs[c], figs[a]) for c, a in pair_names], plan.verdict) if v1 \
         else None
@@ -175,6 +176,9 @@ def abba_record(
     found = boot.verdict if boot else analysis.verdict if analysis else Verdict.UNDECIDED
     # v2: a record needs FASTER at the record's own (higher) confidence.
     for_record = boot.verdict if boot else analysis.record_verdict if analysis else None
+    seq = sequential_section(plan, design, figs)
+    if seq is not None:  # the stopping rule's interval, valid after optional stopping
+        found, for_record = seq.verdict, seq.record_verdict
     cross = cross_leg_exact({name: outcomes[name] for name in results})
     legs = list(results.values())
     all_valid = all(r.valid for r in legs)
@@ -205,7 +209,7 @@ def abba_record(
         "prior_approved_record": {"id": plan.prior.id, "tok_s": plan.prior.value_tok_s},
         "treatment": {name: _redacted_arm(arm) for name, arm in plan.arms.items()},
         "protocol": {
-            "order": [f"{name}-{arm}" for name, arm in plan.legs],
+            "order": [f"{name}-{arm}" for name, arm in plan.legs if name in results],
             "fresh_service_per_leg": True,
             "idle_gap_seconds_minimum": plan.idle_gap_s,
             "idle_gap_seconds_measured": dict(idle_gaps),
@@ -264,8 +268,11 @@ def abba_record(
     if v1:
         return out
     del out["bootstrap"]
-    out["protocol"] = {**out["protocol"], "design": plan.design.value, "blocks": plan.blocks,
+    out["protocol"] = {**out["protocol"], "design": plan.design.value,
+                       "blocks": len({leg.block for leg in design}),
                        "pairs": [f"{c}_vs_{a}" for c, a in pair_names]}
+    out["protocol"]["max_blocks"] = plan.max_blocks
+    out["sequential"] = seq.model_dump(mode="json") if seq is not None else None
     out["treatment"] = {name: _redacted_arm(arm) for name, arm in plan.arms.items()}
     out["verdict_analysis"] = analysis.model_dump(mode="json") if analysis else None
     out["power"] = dict(power) if power is not None else None
@@ -299,6 +306,13 @@ def noise_section(plan: Plan, results: Mapping[str, LegResult]) -> dict[str, Any
         {n: results[n].summary.tok_s_out for n in order},
         {n: results[n].covariates for n in order}))
     return diag.model_dump(mode="json", by_alias=True)
+def sequential_section(plan: Plan, design: Sequence[DesignLeg],
+                       figs: Mapping[str, LegFigures]) -> SequentialAnalysis | None:
+    """A sequential plan's looks and decision, from the legs run (None for a fixed plan)."""
+    if plan.sequential is None:
+        return None
+    return sequential_analysis(plan, [AnalysisLeg(figures=figs[leg.name], block=leg.block,
+                                                  treated=leg.treated) for leg in design])
 
 
 def model_section(plan: Plan, facts: EvidenceFacts) -> dict[str, Any]:

@@ -8,6 +8,7 @@ recomputed from the numbers and compared.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -17,7 +18,8 @@ from pydantic import BaseModel, ConfigDict
 from scipy import stats as sps
 
 from tokrecord.evidence.safe import excerpt
-from tokrecord.experiment.plan import abba_design, abba_pairs
+from tokrecord.experiment.plan import Spending, abba_design, abba_pairs
+from tokrecord.experiment.sequential import t_boundaries, z_boundaries
 from tokrecord.experiment.stats import ANALYSIS_METHOD, abba_df, fit_legs, verdict
 
 REL_TOL = 1e-9
@@ -48,6 +50,9 @@ class _Linter:
     def get(self, path: str) -> Any:
         node: Any = self.record
         for part in path.split("."):
+            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]  # a list's items by index (sequential.looks.0)
+                continue
             if not isinstance(node, Mapping) or part not in node:
                 return None
             node = node[part]
@@ -319,7 +324,8 @@ def _lint_gate(lint: _Linter, runs: Mapping[str, Any], blocks: int, design: str)
         lint.equal(f"{gate}.pairs_passed", all(p.get("passed") is True for p in pairs.values()),
                    "every pair passed")
     # v2's gate judges the verdict at the record's own (higher) confidence; v1's is the verdict.
-    judged = lint.get("verdict_analysis.record_verdict")
+    judged = lint.get("sequential.record_verdict") if isinstance(
+        lint.get("sequential"), Mapping) else lint.get("verdict_analysis.record_verdict")
     lint.equal(f"{gate}.verdict", judged if judged is not None else lint.get("verdict"),
                "the gate's verdict is the analysis' at the record confidence" if judged
                is not None else "the gate's verdict is the record's")
@@ -371,7 +377,8 @@ def _lint_analysis(lint: _Linter, runs: Mapping[str, Any], blocks: int) -> None:
     base = "verdict_analysis"
     lo, mid, hi = (_num(va.get(k)) for k in ("ci_low", "ratio", "ci_high"))
     eq = _num(va.get("equivalence_pct"))
-    lint.equal("verdict", va.get("verdict"), "the record's verdict is its analysis' verdict")
+    if not isinstance(lint.get("sequential"), Mapping):  # else the stopping rule's verdict
+        lint.equal("verdict", va.get("verdict"), "the record's verdict is its analysis' verdict")
     lint.equal(f"{base}.blocks", blocks, "the analysis covers the design's blocks")
     lint.equal(f"{base}.legs", len(runs), "the analysis covers every leg")
     if lo is None or mid is None or hi is None:
@@ -517,7 +524,86 @@ def _lint_abba(lint: _Linter) -> None:
         lint.count(f"quality.{key}")
     _lint_bootstrap(lint)
     _lint_analysis(lint, runs, blocks)
-    _lint_power(lint, blocks)
+    most = lint.get("protocol.max_blocks")
+    _lint_power(lint, most if isinstance(most, int) and not isinstance(most, bool) else blocks)
+    _lint_sequential(lint, blocks)
+
+
+def _lint_sequential(lint: _Linter, blocks: int) -> None:
+    """A sequential record: each look's interval is its estimate +- boundary x se, its
+    boundaries are the preregistered spending's, only the last look stopped, the run
+    stopped at the blocks it ran, and the record's verdict is the stopping rule's."""
+    seq = lint.get("sequential")
+    if not isinstance(seq, Mapping):
+        return
+    looks = seq.get("looks")
+    if not isinstance(looks, list) or not looks or len(looks) > 50 or \
+            not all(isinstance(look, Mapping) for look in looks):
+        lint.problems.append(LintProblem(field="sequential.looks",
+                                         message="a sequential record lists its looks"))
+        return
+    lint.equal("verdict", seq.get("verdict"), "the record's verdict is the stopping rule's")
+    eq, conf, rconf = (_num(seq.get(k)) for k in ("equivalence_pct", "confidence",
+                                                   "record_confidence"))
+    fractions = [_num(look.get("fraction")) for look in looks]
+    max_looks = seq.get("max_looks")
+    try:
+        spending = Spending(str(seq.get("spending")))
+    except ValueError:
+        lint.problems.append(LintProblem(field="sequential.spending", message="unknown spending",
+                                         found=seq.get("spending")))
+        return
+    zs: tuple[float, ...] = ()
+    ts: tuple[float, ...] = ()
+    if conf is not None and isinstance(max_looks, int) and 0 < max_looks <= 50 and \
+            all(f is not None for f in fractions):
+        fr = [float(f) for f in fractions if f is not None]
+        last = fr[-1] if fr else 1.0
+        # The planned fractions, blocks m..K of K: the first is m/K and there are K-m+1.
+        most = round((max_looks - 1) / (1 - fr[0])) if fr[0] < 1 else max_looks
+        first = most - max_looks + 1
+        planned = tuple(k / most for k in range(first, most + 1)) if first >= 1 else ()
+        if planned and all(math.isclose(a, b, rel_tol=1e-9)
+                           for a, b in zip(fr, planned, strict=False)) and last <= 1.0:
+            with contextlib.suppress(ValueError):
+                zs = z_boundaries(planned, (1 - conf) / 2, spending)
+            df0 = looks[0].get("df")
+            units = tuple(range(first, most + 1))
+            # Each unit (block) adds one contrast and extra_df of pure error.
+            if isinstance(df0, int) and not isinstance(df0, bool) and (df0 + 1) % first == 0 \
+                    and (df0 + 1) // first >= 1 and most <= 50:
+                with contextlib.suppress(ValueError):
+                    ts = t_boundaries(units, most, (df0 + 1) // first - 1, (1 - conf) / 2,
+                                      spending)
+    for i, look in enumerate(looks):
+        base = f"sequential.looks.{i}"
+        stop = look.get("action") == "stop"
+        if stop != (i == len(looks) - 1) and seq.get("stopped") is True:
+            lint.problems.append(LintProblem(field=f"{base}.action",
+                                             message="only the last look stops the run",
+                                             found=look.get("action")))
+        if zs and i < len(zs):
+            lint.close(f"{base}.z_boundary", zs[i], "the preregistered spending's boundary",
+                       rel_tol=1e-6)
+        if ts and i < len(ts) and math.isfinite(ts[i]):
+            lint.close(f"{base}.boundary", ts[i], "the preregistered spending's t boundary "
+                       "(sequential.t_boundaries)", rel_tol=1e-6)
+        lo, mid, hi = (_num(look.get(k)) for k in ("ci_low", "estimate_ratio", "ci_high"))
+        if lo is not None and mid is not None and hi is not None:
+            if not lo <= mid <= hi:
+                lint.problems.append(LintProblem(field=base, message="ratio outside its interval",
+                                                 found=[lo, mid, hi]))
+            elif eq is not None:
+                lint.equal(f"{base}.verdict", verdict(lo, hi, eq).value,
+                           "the look's verdict follows from its interval and the band")
+    if rconf is not None and conf is not None and rconf < conf:
+        lint.problems.append(LintProblem(field="sequential.record_confidence",
+                                         message="the record's confidence is below the verdict's",
+                                         found=rconf, expected=conf))
+    where = seq.get("stopped_at")
+    if seq.get("stopped") is True and isinstance(where, str):
+        lint.equal("sequential.stopped_at", f"block {blocks}",
+                   "the run stopped after the blocks it ran")
 
 
 def lint_record(record: Mapping[str, Any]) -> list[LintProblem]:

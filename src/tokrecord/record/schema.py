@@ -47,6 +47,7 @@ from tokrecord.evidence import read_json
 from tokrecord.experiment.noise import NoiseDiagnostic
 from tokrecord.experiment.plan import Arm, ArmName
 from tokrecord.experiment.power import PowerReport
+from tokrecord.experiment.sequential import SequentialAnalysis
 from tokrecord.experiment.stats import (
     BootstrapResult,
     PairResult,
@@ -442,6 +443,8 @@ class AbbaProtocolV2(AbbaProtocol):
     design: Literal["abba", "aa"]
     blocks: int = Field(ge=1)
     pairs: list[PairName]
+    # A sequential plan's most blocks (blocks: those its stopping rule ran).
+    max_blocks: int | None = Field(default=None, ge=1)
     # True when any prompt was repeated, run twice or served from a cache.
     prefix_history_response_reuse: bool | None = None
 
@@ -470,6 +473,8 @@ ADDED_WITH_CRASH_SAFETY: Final = frozenset({"clock"})
 ADDED_WITH_ID_EXACTNESS: Final = frozenset({"teacher_exact_compared_by"})
 # Added with the noise diagnostic (issue 33): null where a leg carries no covariates.
 ADDED_WITH_NOISE: Final = frozenset({"noise_diagnostic"})
+# Added with sequential designs: records sealed before have neither.
+ADDED_WITH_SEQUENTIAL: Final = frozenset({"sequential", "max_blocks"})
 
 
 class PriorRecheck(_Section):
@@ -583,6 +588,8 @@ class ExperimentRecordV2(_ExperimentCommon):
     # issue 33: where the leg-to-leg variance may come from (diagnosis only); absent from
     # records sealed before it.
     noise_diagnostic: NoiseDiagnostic | None = None
+    # A sequential plan's looks, boundaries and decision (the verdict is its verdict).
+    sequential: SequentialAnalysis | None = None
 
     def runs_by_name(self) -> dict[str, LegBlock]:
         return self.runs
@@ -704,7 +711,7 @@ def validate_record(obj: Mapping[str, Any], *, source: str = "record",
     later = added if isinstance(record, ExperimentRecord) else frozenset()
     if sealed_before_probes_ok:  # a reader's view of evidence sealed by an older tokrecord
         later = added | (ADDED_LATER if isinstance(record, _V1_MODELS) else later)
-    missing = _first_unset(record, (), later)
+    missing = _first_unset(record, (), later | ADDED_WITH_SEQUENTIAL)
     if missing is not None:
         raise ConfigError(f"{source}: key '{_dotted(missing)}': Field required")
     if isinstance(record, ExperimentRecordV2):

@@ -33,6 +33,7 @@ from tokrecord.evidence.seal import (
     verify_seal,
 )
 from tokrecord.evidence.trust import TRUST_FILE_NAME, Signer, load_trusted, pin
+from tokrecord.experiment.interim import blocks_needed, leg_figures
 from tokrecord.experiment.leg import (
     LegConfig,
     LegResult,
@@ -43,8 +44,10 @@ from tokrecord.experiment.leg import (
     gates_rule,
     idle_snapshots,
     leg_telemetry,
+    load_rows,
 )
 from tokrecord.experiment.plan import Plan
+from tokrecord.experiment.stats import LegFigures
 from tokrecord.gates.teacher import load_teacher
 from tokrecord.identity import sha256_file
 from tokrecord.metrics import parse_counters, row_metrics
@@ -58,6 +61,7 @@ from tokrecord.record.schema import (
     ADDED_WITH_ENGINES,
     ADDED_WITH_EVIDENCE,
     ADDED_WITH_ID_EXACTNESS,
+    ADDED_WITH_SEQUENTIAL,
 )
 from tokrecord.server.process import CleanupReport
 from tokrecord.suite import Suite, parse_suite
@@ -70,7 +74,7 @@ _VOLATILE = frozenset({"run_dir", "root", "date", "seal", "portable_sealed_evide
 # file lacks one, it is not a difference.
 # The record's keys are schema.ADDED_LATER; a leg summary's idle gates came with them.
 _ADDED_LATER = (ADDED_LATER | ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_WITH_CRASH_SAFETY
-                | ADDED_WITH_ID_EXACTNESS
+                | ADDED_WITH_ID_EXACTNESS | ADDED_WITH_SEQUENTIAL
                 | {"idle_before", "idle_after", "exactness", "model_release_manifest"}
                 # rows v2: the ids around held-back ones (a v1 row has no such key)
                 | {"gapped_token_ids"}
@@ -415,6 +419,25 @@ def _torn_problems(exp_dir: Path) -> list[Problem]:
     return problems
 
 
+def sequential_legs(plan: Plan, exp_dir: Path, results: dict[str, LegResult],
+                    problems: list[Problem]) -> set[str]:
+    """The legs a sequential plan should have run: the blocks up to the look where its
+    stopping rule stopped, recomputed from the legs found. A leg beyond that is named."""
+    figs: dict[str, LegFigures] = {}
+    for name, result in results.items():
+        try:
+            figs[name] = leg_figures(result, load_rows(Path(result.run_dir)))
+        except (OSError, ValueError, KeyError) as exc:
+            problems.append(Problem(file=_rel(Path(result.run_dir) / layout.ROWS, exp_dir),
+                                    field="rows", message=f"unreadable: {exc}"))
+    needed = blocks_needed(plan, figs)
+    expected = {leg.name for leg in plan.design_legs if leg.block <= needed}
+    for extra in sorted(set(results) - expected):
+        problems.append(Problem(file=extra, field="(leg)", message=(
+            f"a leg beyond the sequential stopping rule, which asked for {needed} block(s)")))
+    return expected
+
+
 def _verify_experiment(exp_dir: Path) -> list[Problem]:
     problems: list[Problem] = []
     plan_raw = _load_json(exp_dir / layout.PLAN, exp_dir, problems)
@@ -444,12 +467,16 @@ def _verify_experiment(exp_dir: Path) -> list[Problem]:
         problems.append(Problem(file=layout.RECORD, field="(file)", message="missing"))
         return problems
     recorded = _load_json(record_path, exp_dir, problems)
-    if recorded is None or set(results) != {n for n, _ in plan.legs}:
+    expected = {n for n, _ in plan.legs}
+    if plan.sequential is not None:
+        expected = sequential_legs(plan, exp_dir, results, problems)
+    if recorded is None or set(results) != expected:
         if recorded is not None:
             problems.append(Problem(file=layout.RECORD, field="runs",
                                     message=f"complete legs found: {sorted(results)}"))
         return problems
-    ordered = {name: results[name] for name, _ in plan.legs}  # design order, as when run
+    # Design order, as when run.
+    ordered = {name: results[name] for name, _ in plan.legs if name in expected}
     # Recomputed in the form the record was written in: a v1 record by the v1 verdict.
     recomputed = build_record(plan, exp_dir, ordered, schema=recorded.get("schema"))
     recomputed = json.loads(json.dumps(recomputed))  # the same JSON types as the file

@@ -836,7 +836,26 @@ def _abba_parts(record: AbbaRecord, legs: Sequence[LegView], title: str) -> dict
             "bootstrap": _bootstrap(record), "analysis": analysis_view(record),
             "power": power_view(record), "design": design, "blocks": blocks,
             "pairs": _pairs(record), "record_gate": _record_gate_abba(record), "quality": quality,
-            "experiment_gates": experiment_gates}
+            "experiment_gates": experiment_gates, "sequential": sequential_text(record)}
+
+
+def sequential_text(record: AbbaRecord) -> str | None:
+    """A sequential record's stopping rule in one line: where it stopped, the repeated
+    interval (the one valid after optional stopping) and each look against its boundary."""
+    if not isinstance(record, ExperimentRecordV2) or record.sequential is None:
+        return None
+    seq = record.sequential
+    looks = "; ".join(
+        f"{lk.label}: t({lk.df}) = {'n/a' if lk.statistic is None else f'{lk.statistic:.2f}'}"
+        f" vs {'n/a' if lk.boundary is None else f'{lk.boundary:.2f}'} ({lk.action.value})"
+        for lk in seq.looks)
+    ci = ("no interval" if seq.ci_low is None or seq.ci_high is None else
+          f"repeated {100 * seq.confidence:g} % CI [{fmt.pct(100 * (seq.ci_low - 1))}, "
+          f"{fmt.pct(100 * (seq.ci_high - 1))}]")
+    return (f"{seq.verdict.value} at {seq.stopped_at or 'no stop yet'} of at most "
+            f"{record.protocol.max_blocks} blocks ({seq.spending.value} spending): {ci}; "
+            f"{looks}. The fixed-sample interval above is not valid after stopping; "
+            f"{seq.estimate_note.split(';')[0]}")
 
 
 def leg_report(view: LegView, *, timelines: tuple[Timeline, ...], timeline_choice: str,

@@ -333,6 +333,7 @@ class ReportData(_Frozen):
     power: Power | None = None  # v2, when the plan declared min_effect_pct
     design: str | None = None  # v2: "abba" or "aa" (None: v1 or not an experiment record)
     blocks: int | None = None  # v2
+    sequential: str | None = None  # v2 with a sequential plan: its stopping rule, one line
     pairs: tuple[PairView, ...] = ()
     record_gate: RecordGate | None = None
     quality: tuple[Fact, ...] = ()

@@ -119,6 +119,8 @@ def v2_lines(d: ReportData) -> list[tuple[str, str]]:
         if noise is not None:
             out.append(("tracks", noise.removeprefix("legs track ")))
     out.append(("design", fmt.design(d.design, d.blocks)))
+    if d.sequential is not None:
+        out.append(("sequential", d.sequential))
     out.append(("power", power_text(d.power) if d.power is not None
                 else "none preregistered (the plan declared no min_effect_pct)"))
     return out

@@ -364,19 +364,22 @@ class ServerProcess:
         poll_s: float = 0.5,
         on_poll: Callable[[float], None] | None = None,
         engine: Engine | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> float:
         """Poll the engine's ready paths (/health then /v1/models by default; never a
         generation) until each answers.
 
         Returns seconds from start to ready. Raises ServerError quoting the log
-        tail when the process dies or the timeout passes.
+        tail when the process dies or the timeout passes. ``clock`` and ``sleep`` are
+        seams for tests (a fake clock times out without waiting).
         """
         proc = self._proc
         if proc is None:
             raise ServerError("server was not started")
         dialect = engine or ENGINES[EngineName.VLLM]
         polls = 0
-        t0 = time.monotonic()
+        t0 = clock()
         deadline = t0 + timeout_s
         with httpx.Client(base_url=self.base_url, timeout=5.0) as http:
             while True:
@@ -385,14 +388,14 @@ class ServerProcess:
                 if code is not None:
                     raise ServerError(
                         f"server exited with code {code} before becoming ready "
-                        f"(after {time.monotonic() - t0:.1f} s)"
+                        f"(after {clock() - t0:.1f} s)"
                         + _error_first(self.log_path, dialect.error_line)
                         + f"    last lines of {self.log_path}:\n"
                         + log_tail(self.log_path)
                     )
                 if self._ready(http, model, dialect):
-                    return time.monotonic() - t0
-                now = time.monotonic()
+                    return clock() - t0
+                now = clock()
                 if now >= deadline:
                     raise ServerError(
                         f"server did not become ready within {timeout_s:.0f} s "
@@ -405,7 +408,7 @@ class ServerProcess:
                     on_poll(now - t0)
                 # Quick polls at first: llama.cpp is ready in tens of milliseconds, and
                 # the ready time is evidence; then every poll_s for slow engines.
-                time.sleep(min(poll_s, 0.01 * 2 ** polls, max(0.0, deadline - now)))
+                sleep(min(poll_s, 0.01 * 2 ** polls, max(0.0, deadline - now)))
                 polls += 1
 
     def exposed(self) -> list[str]:

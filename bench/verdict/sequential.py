@@ -1,0 +1,290 @@
+"""Calibration of the sequential design: false FASTER over all looks, false records,
+coverage of the repeated interval, and the legs it spends.
+
+    .venv/bin/python -m bench.verdict.sequential [--trials 1000] [--aa ../shared/fixtures/h200-aa]
+
+Every trial goes through the project's own code: legs are built as in sim.py (or drawn
+from the real H200 A/A legs), `interim.sequential_analysis` walks the looks against the
+plan's boundaries, and `stats.record_gate` judges the strict record with the stopping
+rule's record verdict, exactly as a record is built.
+
+1. Synthetic grid: noise (the two H200 arms' and a row-dominated one) x spending x
+   max_blocks, no effect: false FASTER over all looks, false strict record, coverage.
+2. Resampling the real H200 A/A legs: each trial draws 4 x max_blocks of the 24 legs
+   of one A/A experiment (no replacement), labels them ABBA/BAAB; the true effect is 0.
+3. Expected legs at +5 % with H200 speculative-decoding noise: the sequential design
+   against the fixed design of at least the same power (`stats.power`, which bench
+   verdict checks against simulation), for each spending and max_blocks.
+
+A false FASTER rate counts as within target when it is at most 2.5 % plus two
+Monte-Carlo standard errors; every rate is printed with its standard error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tarfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from bench.verdict.sim import BASE_TOK_S, ROW_SPEED_SD, ROWS
+from tokrecord.experiment.interim import sequential_analysis
+from tokrecord.experiment.plan import Criteria, Plan, Spending, abba_design, parse_plan
+from tokrecord.experiment.stats import (
+    AnalysisLeg,
+    LegFigures,
+    Noise,
+    Verdict,
+    blocks_for_power,
+    pair_result,
+    power,
+    record_gate,
+)
+
+console = Console(width=150)
+ALPHA_HALF = 0.025
+RECORD_MAX = 0.01
+H200_PLAIN = (1.108, 3.418)
+H200_DRAFT = (3.141, 5.501)
+NOISES = (H200_PLAIN, H200_DRAFT, (0.5, 5.0))
+MAX_BLOCKS = (4, 8)
+ASN_BLOCKS = (6, 8, 10, 12)
+DEFAULT_AA = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "h200-aa"
+
+
+def seq_plan(max_blocks: int, spending: Spending, min_blocks: int = 2) -> Plan:
+    return parse_plan({
+        "name": "calibration", "server": {"argv": ["fake"], "model": "m"},
+        "arms": {"control": {}, "candidate": {}},
+        "sequential": {"max_blocks": max_blocks, "min_blocks": min_blocks,
+                       "spending": spending.value}}, "bench")
+
+
+@dataclass
+class Tally:
+    trials: int = 0
+    faster: int = 0
+    slower: int = 0
+    no_difference: int = 0
+    undecided: int = 0
+    strict_record: int = 0
+    covered: int = 0
+    legs: int = 0
+    stops: dict[str, int] = field(default_factory=dict)
+
+    def rate(self, n: int) -> float:
+        return n / self.trials if self.trials else math.nan
+
+    def add(self, found: Verdict, record: bool, covered: bool, legs: int, at: str) -> None:
+        self.trials += 1
+        self.faster += found is Verdict.FASTER
+        self.slower += found is Verdict.SLOWER
+        self.no_difference += found is Verdict.NO_DIFFERENCE
+        self.undecided += found is Verdict.UNDECIDED
+        self.strict_record += record
+        self.covered += covered
+        self.legs += legs
+        self.stops[at] = self.stops.get(at, 0) + 1
+
+
+def judge(plan: Plan, rates: np.ndarray, effect_pct: float, prior: float, tally: Tally) -> None:
+    """One experiment of 4 x max_blocks legs (rates[leg, row] in design order) through
+    the sequential analysis and the record gate; only the legs up to the stop count."""
+    design = abba_design(plan.max_blocks)
+    figures = [LegFigures(name=leg.name, arm="candidate" if leg.treated else "control",
+                          headline=float(np.median(r)), row_rates=tuple(float(x) for x in r),
+                          aggregate_cycle_ms=None, acceptance_rate=None)
+               for leg, r in zip(design, rates, strict=True)]
+    legs = [AnalysisLeg(figures=f, block=leg.block, treated=leg.treated)
+            for f, leg in zip(figures, design, strict=True)]
+    found = sequential_analysis(plan, legs)
+    blocks = int(str(found.stopped_at).split()[-1])
+    used = [f for f, leg in zip(figures, design, strict=True) if leg.block <= blocks]
+    by_name = {f.name: f for f in used}
+    pairs = [pair_result(by_name[c], by_name[a], Criteria()) for c, a in plan.pairs
+             if c in by_name and a in by_name]
+    gate = record_gate([f for f in used if f.arm == "candidate"],
+                       [f for f in used if f.arm == "control"], pairs, True, prior,
+                       found.record_verdict, True)
+    truth = 1 + effect_pct / 100
+    covered = (found.ci_low is not None and found.ci_high is not None
+               and found.ci_low <= truth <= found.ci_high)
+    tally.add(found.verdict, gate.strict_preregistered_record_pass, covered, 4 * blocks,
+              str(found.stopped_at))
+
+
+def synthetic(args: tuple[float, float, float, int, Spending, int, int]) -> Tally:
+    sd_leg, sd_row, effect_pct, max_blocks, spending, trials, seed = args
+    plan = seq_plan(max_blocks, spending)
+    rng = np.random.default_rng(seed)
+    effect = math.log1p(effect_pct / 100)
+    treated = np.array([leg.treated for leg in abba_design(max_blocks)])
+    tally = Tally()
+    for _ in range(trials):
+        row_speed = np.exp(rng.normal(0.0, ROW_SPEED_SD, ROWS))
+        shift = rng.normal(0.0, sd_leg / 100, len(treated)) + effect * treated
+        rates = BASE_TOK_S * row_speed * np.exp(shift[:, None] + rng.normal(
+            0.0, sd_row / 100, (len(treated), ROWS)))
+        judge(plan, rates, effect_pct, BASE_TOK_S * float(np.median(row_speed)), tally)
+    return tally
+
+
+def load_aa(path: Path) -> np.ndarray:
+    """Row rates (headline convention: chunk-aware) of every leg of a sealed A/A tar."""
+    legs: dict[str, list[float]] = {}
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            parts = Path(member.name).parts
+            if member.isfile() and parts[-1] == "rows.json" and len(parts) >= 3 and \
+                    parts[-3] != "teacher":
+                fh = tar.extractfile(member)
+                assert fh is not None
+                rows = json.load(fh)["rows"]
+                legs[parts[-3]] = [r["metrics"]["rate_chunk_aware"] for r in rows]
+    return np.array([legs[k] for k in sorted(legs)], dtype=np.float64)
+
+
+def resampled(args: tuple[str, int, Spending, float, int, int, bool]) -> Tally:
+    tar, max_blocks, spending, effect_pct, trials, seed, replace = args
+    pool = load_aa(Path(tar))
+    plan = seq_plan(max_blocks, spending)
+    rng = np.random.default_rng(seed)
+    treated = np.array([leg.treated for leg in abba_design(max_blocks)])
+    prior = float(np.median(pool))
+    tally = Tally()
+    for _ in range(trials):
+        pick = rng.choice(len(pool), size=4 * max_blocks, replace=replace)
+        rates = pool[pick] * np.where(treated, 1 + effect_pct / 100, 1.0)[:, None]
+        judge(plan, rates, effect_pct, prior, tally)
+    return tally
+
+
+def se(p: float, n: int) -> float:
+    return math.sqrt(max(p * (1 - p), 1e-12) / n)
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.verdict.sequential",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=1000, help="per cell (default 1000)")
+    parser.add_argument("--asn-trials", type=int, default=500,
+                        help="per cell of the expected-legs table (default 500)")
+    parser.add_argument("--aa", type=Path, default=DEFAULT_AA,
+                        help="folder with the H200 A/A tars (aa-plain.tar.gz, aa-draft.tar.gz)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--json", type=Path, help="also write every figure here")
+    args = parser.parse_args(argv)
+    t0 = time.monotonic()
+    out: dict[str, Any] = {}
+    worst = {"false_faster": 0.0, "false_record": 0.0, "coverage": 1.0}
+
+    def note(where: str, t: Tally) -> None:
+        worst["false_faster"] = max(worst["false_faster"], t.rate(t.faster))
+        worst["false_record"] = max(worst["false_record"], t.rate(t.strict_record))
+        worst["coverage"] = min(worst["coverage"], t.rate(t.covered))
+
+    jobs = [(sl, sr, 0.0, k, s, args.trials, 100 + i) for i, ((sl, sr), k, s) in enumerate(
+        (n, k, s) for n in NOISES for k in MAX_BLOCKS for s in Spending)]
+    tars = [args.aa / "aa-plain.tar.gz", args.aa / "aa-draft.tar.gz"]
+    aa_jobs = [(str(t), k, s, 0.0, args.trials, 500 + i, False)
+               for i, (t, k, s) in enumerate((t, k, s) for t in tars if t.exists()
+                                             for k in (4, 6) for s in Spending)]
+    asn_jobs = [(H200_DRAFT[0], H200_DRAFT[1], 5.0, k, s, args.asn_trials, 900 + i)
+                for i, (k, s) in enumerate((k, s) for k in ASN_BLOCKS for s in Spending)]
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        syn = list(pool.map(synthetic, jobs))
+        real = list(pool.map(resampled, aa_jobs))
+        asn = list(pool.map(synthetic, asn_jobs))
+
+    table = Table(title=f"no effect: synthetic ({ROWS} rows per leg) and resampled H200 "
+                  f"A/A legs; {args.trials} trials per cell; min_blocks 2",
+                  title_justify="left", box=None, padding=(0, 1))
+    for col in ("legs from", "sd_leg", "sd_row", "max_blocks", "spending", "FASTER ± SE",
+                "SLOWER", "record", "NO DIFF", "UNDEC", "cover", "mean legs"):
+        table.add_column(col, justify="right")
+    rows_out = []
+    for (sl, sr, _, k, s, n, _seed), t in zip(jobs, syn, strict=True):
+        note("synthetic", t)
+        table.add_row("synthetic", f"{sl:g}", f"{sr:g}", str(k), s.value,
+                      f"{pct(t.rate(t.faster))} ± {pct(se(t.rate(t.faster), n))}",
+                      pct(t.rate(t.slower)), pct(t.rate(t.strict_record)),
+                      pct(t.rate(t.no_difference)), pct(t.rate(t.undecided)),
+                      pct(t.rate(t.covered)), f"{t.legs / t.trials:.1f}")
+        rows_out.append({"source": "synthetic", "sd_leg": sl, "sd_row": sr, "max_blocks": k,
+                         "spending": s.value, **asdict(t)})
+    for (tar, k, s, _, n, _seed, _r), t in zip(aa_jobs, real, strict=True):
+        note("h200", t)
+        name = Path(tar).name.removesuffix(".tar.gz")
+        table.add_row(f"H200 {name}", "real", "real", str(k), s.value,
+                      f"{pct(t.rate(t.faster))} ± {pct(se(t.rate(t.faster), n))}",
+                      pct(t.rate(t.slower)), pct(t.rate(t.strict_record)),
+                      pct(t.rate(t.no_difference)), pct(t.rate(t.undecided)),
+                      pct(t.rate(t.covered)), f"{t.legs / t.trials:.1f}")
+        rows_out.append({"source": name, "max_blocks": k, "spending": s.value, **asdict(t)})
+    console.print(table)
+    out["no_effect"] = rows_out
+
+    noise = Noise(sd_leg_pct=H200_DRAFT[0], sd_row_pct=H200_DRAFT[1])
+    t2 = Table(title=f"+5 % with H200 draft-model noise (sd_leg {H200_DRAFT[0]} %, sd_row "
+               f"{H200_DRAFT[1]} %): {args.asn_trials} trials per cell", title_justify="left",
+               box=None, padding=(0, 1))
+    for col in ("max_blocks", "spending", "P(FASTER) ± SE", "mean legs", "cover",
+                "fixed blocks, same power", "fixed legs", "sequential / fixed"):
+        t2.add_column(col, justify="right")
+    asn_out = []
+    best = (math.inf, "")
+    for (_sl, _sr, _e, k, s, n, _seed), t in zip(asn_jobs, asn, strict=True):
+        p = t.rate(t.faster)
+        # The fixed design of at least the power the sequential one reached (capped at
+        # 99 %: a simulated 100 % is a Monte-Carlo figure, not certainty).
+        fixed = blocks_for_power(5.0, noise, ROWS, 0.95, 1.0, target=min(p, 0.99)) or 0
+        mean_legs = t.legs / t.trials
+        ratio = mean_legs / (4 * fixed) if fixed else math.nan
+        if ratio < best[0]:
+            best = (ratio, f"max_blocks {k}, {s.value}")
+        t2.add_row(str(k), s.value, f"{pct(p)} ± {pct(se(p, n))}", f"{mean_legs:.1f}",
+                   pct(t.rate(t.covered)), f"{fixed} ({pct(power(5.0, noise, ROWS, fixed, 0.95, 1.0))} %)",
+                   str(4 * fixed), f"{ratio:.2f}")
+        asn_out.append({"max_blocks": k, "spending": s.value, "power": p, "mean_legs": mean_legs,
+                        "fixed_blocks": fixed, "ratio": ratio, **asdict(t)})
+    console.print(t2)
+    out["asn"] = asn_out
+
+    summary = Table(title="targets", title_justify="left", box=None, padding=(0, 1))
+    for col in ("target", "measured"):
+        summary.add_column(col)
+    mc = 2 * se(ALPHA_HALF, args.trials)
+    summary.add_row(f"false FASTER over all looks <= 2.5 % (+2 SE = {pct(ALPHA_HALF + mc)} %)",
+                    f"worst {pct(worst['false_faster'])} %")
+    summary.add_row("false strict record <= 1 %", f"worst {pct(worst['false_record'])} %")
+    summary.add_row(f"coverage >= 95 % (MC 2 SE = {pct(2 * se(0.95, args.trials))})",
+                    f"lowest {pct(worst['coverage'])} %")
+    summary.add_row("expected legs at +5 %, H200 draft noise <= 60 % of fixed, same power",
+                    f"best {100 * best[0]:.0f} % ({best[1]})")
+    console.print(summary)
+    out["worst"] = worst
+    console.print(f"[dim]{time.monotonic() - t0:.0f} s, load {os.getloadavg()}[/]")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""The sequential stopping rule: spending, boundaries, looks; the plan's [sequential]."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokrecord.errors import ConfigError
+from tokrecord.experiment.plan import Spending, load_plan, parse_plan
+from tokrecord.experiment.sequential import (
+    Action,
+    LookInput,
+    analyse,
+    spent,
+    t_boundaries,
+    t_boundary,
+    z_boundaries,
+)
+from tokrecord.experiment.stats import Verdict
+
+FIVE = (0.2, 0.4, 0.6, 0.8, 1.0)
+BASE = {"name": "seq", "server": {"argv": ["llama-server", "-m", "m.gguf"], "model": "m"},
+        "arms": {"control": {}, "candidate": {}}}
+
+
+def test_obrien_fleming_boundaries_match_the_published_table() -> None:
+    # Lan-DeMets O'Brien-Fleming-type spending, 5 equal looks, one-sided 0.025
+    # (Jennison & Turnbull 2000, table 7.6; gsDesign and ldbounds give the same).
+    found = z_boundaries(FIVE, 0.025, Spending.OBRIEN_FLEMING)
+    assert found == pytest.approx((4.8769, 3.3569, 2.6803, 2.2898, 2.0310), abs=2e-3)
+
+
+def test_pocock_boundaries_match_the_published_table() -> None:
+    found = z_boundaries(FIVE, 0.025, Spending.POCOCK)
+    assert found == pytest.approx((2.4380, 2.4268, 2.4101, 2.3966, 2.3860), abs=2e-3)
+
+
+@pytest.mark.parametrize("spending", list(Spending))
+def test_spending_ends_at_alpha_and_grows(spending: Spending) -> None:
+    values = [spent(spending, 0.025, t) for t in np.linspace(0.05, 1, 20)]
+    assert values[-1] == pytest.approx(0.025)
+    assert all(b > a for a, b in itertools.pairwise(values))
+    assert spent(spending, 0.025, 0.0) == 0.0
+
+
+@pytest.mark.parametrize("spending", list(Spending))
+def test_boundaries_spend_alpha_by_simulation(spending: Spending) -> None:
+    """Brownian motion at unequal looks: the chance of crossing any boundary is the
+    alpha spent at each look, cumulatively (Monte-Carlo error about 0.0005 here)."""
+    fractions = (0.25, 0.4, 0.7, 1.0)
+    bounds = np.array(z_boundaries(fractions, 0.025, spending))
+    rng = np.random.default_rng(1)
+    steps = np.diff(np.concatenate([[0.0], fractions]))
+    s = np.cumsum(rng.normal(size=(400_000, 4)) * np.sqrt(steps), axis=1)
+    crossed = np.maximum.accumulate(s / np.sqrt(fractions) > bounds, axis=1).mean(axis=0)
+    want = [spent(spending, 0.025, t) for t in fractions]
+    assert crossed == pytest.approx(want, abs=0.0015)
+
+
+def test_t_boundary_keeps_the_nominal_level() -> None:
+    assert t_boundary(1.959964, 10**6) == pytest.approx(1.96, abs=1e-3)
+    assert t_boundary(1.959964, 5) == pytest.approx(2.5706, abs=1e-3)  # t(0.975, 5)
+
+
+def _look(k: int, estimate: float, se: float, total: int = 4) -> LookInput:
+    return LookInput(label=f"block {k}", fraction=k / total, estimate=estimate, se=se,
+                     df=3 * k - 1)
+
+
+def _analyse(looks: list[LookInput], total: int = 4, first: int = 1) -> object:
+    fractions = [k / total for k in range(first, total + 1)]
+    return analyse(looks, len(fractions), fractions, Spending.OBRIEN_FLEMING, 0.95, 0.98, 1.0)
+
+
+def test_a_clear_effect_stops_at_its_look_with_the_repeated_interval() -> None:
+    looks = [_look(2, 0.10, 0.01), _look(3, 0.10, 0.01)]
+    found = analyse(looks, 3, [2 / 4, 3 / 4, 1.0], Spending.OBRIEN_FLEMING, 0.95, 0.98, 1.0)
+    assert found.stopped and found.stopped_at == "block 2" and len(found.looks) == 1
+    look = found.looks[0]
+    assert look.action is Action.STOP and found.verdict is Verdict.FASTER
+    c = t_boundary(z_boundaries((0.5, 0.75, 1.0), 0.025, Spending.OBRIEN_FLEMING)[0], 5)
+    assert look.boundary == pytest.approx(c)
+    assert found.ci_low == pytest.approx(math.exp(0.10 - c * 0.01))
+    assert found.ci_high == pytest.approx(math.exp(0.10 + c * 0.01))
+    assert look.statistic == pytest.approx(10.0)
+    assert found.estimate_ratio == pytest.approx(math.exp(0.1))
+    assert "biases" in found.estimate_note
+
+
+def test_a_weak_look_goes_on_and_the_last_look_stops_undecided() -> None:
+    looks = [_look(k, 0.02, 0.02) for k in (2, 3, 4)]
+    found = analyse(looks, 3, [2 / 4, 3 / 4, 1.0], Spending.OBRIEN_FLEMING, 0.95, 0.98, 1.0)
+    assert [lk.action for lk in found.looks] == [Action.CONTINUE, Action.CONTINUE, Action.STOP]
+    assert found.stopped and found.stopped_at == "block 4"
+    assert found.verdict is Verdict.UNDECIDED and found.record_verdict is Verdict.UNDECIDED
+
+
+def test_unfinished_runs_have_no_verdict_yet() -> None:
+    found = analyse([_look(2, 0.02, 0.02)], 3, [2 / 4, 3 / 4, 1.0],
+                    Spending.OBRIEN_FLEMING, 0.95, 0.98, 1.0)
+    assert not found.stopped and found.verdict is Verdict.UNDECIDED
+
+
+def test_a_tight_interval_stops_no_difference() -> None:
+    found = analyse([_look(2, 0.0, 0.0005)], 3, [2 / 4, 3 / 4, 1.0],
+                    Spending.OBRIEN_FLEMING, 0.95, 0.98, 1.0)
+    assert found.verdict is Verdict.NO_DIFFERENCE and found.stopped
+
+
+def test_the_record_verdict_needs_the_wider_record_boundary() -> None:
+    # Between the two boundaries: FASTER at 95 %, not at 98 %.
+    zs = z_boundaries((0.5, 0.75, 1.0), 0.025, Spending.OBRIEN_FLEMING)
+    zr = z_boundaries((0.5, 0.75, 1.0), 0.01, Spending.OBRIEN_FLEMING)
+    t_mid = (t_boundary(zs[0], 5) + t_boundary(zr[0], 5)) / 2
+    found = analyse([_look(2, t_mid * 0.01, 0.01)], 3, [2 / 4, 3 / 4, 1.0],
+                    Spending.OBRIEN_FLEMING, 0.95, 0.98, 0.0)
+    assert found.verdict is Verdict.FASTER and found.record_verdict is Verdict.UNDECIDED
+
+
+def test_a_look_without_an_estimate_goes_on() -> None:
+    empty = LookInput(label="block 1", fraction=0.25, estimate=None, df=0, reason="too few")
+    found = analyse([empty], 4, [0.25, 0.5, 0.75, 1.0], Spending.POCOCK, 0.95, 0.98, 1.0)
+    assert found.looks[0].action is Action.CONTINUE and found.looks[0].reason == "too few"
+    assert found.looks[0].boundary is None
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def test_a_plan_without_sequential_keeps_its_hash_and_one_with_it_changes() -> None:
+    plain = parse_plan(dict(BASE), "p.toml")
+    same = parse_plan({**BASE, "sequential": None}, "p.toml")
+    seq = parse_plan({**BASE, "sequential": {"max_blocks": 6}}, "p.toml")
+    assert plain.sha256 == same.sha256
+    assert b"sequential" not in plain.canonical()
+    assert seq.sha256 != plain.sha256 and b'"max_blocks":6' in seq.canonical()
+    assert seq.max_blocks == 6 and len(seq.legs) == 24 and seq.legs[-1] == ("B12", "candidate")
+    assert seq.sequential is not None and seq.sequential.min_blocks == 2
+    assert seq.sequential.spending is Spending.OBRIEN_FLEMING
+
+
+def test_max_below_min_blocks_names_the_file_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "plan.toml"
+    path.write_text('name = "x"\n[server]\nargv = ["llama-server"]\nmodel = "m"\n'
+                    "[arms.control]\n[arms.candidate]\n"
+                    "[sequential]\nmax_blocks = 3\nmin_blocks = 4\n")
+    with pytest.raises(ConfigError, match=r"plan\.toml: key 'sequential\.max_blocks': .*"
+                       r"max_blocks \(3\) is less than min_blocks \(4\)"):
+        load_plan(path)
+
+
+def test_an_unknown_spending_names_the_key_and_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match=r"p\.toml: key 'sequential\.spending': .*"
+                       r"'obrien-fleming' or 'pocock'"):
+        parse_plan({**BASE, "sequential": {"max_blocks": 4, "spending": "haybittle"}},
+                   "p.toml")
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    ({"design": "aa", "arms": {"control": {}}}, "needs design 'abba'"),
+    ({"blocks": 3}, "leave blocks out"),
+])
+def test_sequential_needs_an_abba_design_and_no_blocks(extra: dict[str, object],
+                                                      match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_plan({**BASE, **extra, "sequential": {"max_blocks": 4}}, "p.toml")
+
+
+@pytest.mark.parametrize("spending", list(Spending))
+def test_t_boundaries_spend_alpha_for_abba_blocks_by_fresh_simulation(spending: Spending
+                                                                      ) -> None:
+    """Independent paths (another seed) of the ABBA model: per block one contrast and
+    2 df of pure error, t on 3k - 1 df at blocks 2..5 of 5. The crossing rate over all
+    looks is the alpha spent (Monte-Carlo error about 0.0005), where carrying the normal
+    boundaries over at each df spends more."""
+    units = (2, 3, 4, 5)
+    bounds = t_boundaries(units, 5, 2, 0.025, spending)
+    rng = np.random.default_rng(77)
+    n = 200_000
+    d = rng.standard_normal((n, 5))
+    w = rng.chisquare(2, (n, 5))
+    crossed = np.zeros(n, dtype=bool)
+    carried = np.zeros(n, dtype=bool)
+    zs = z_boundaries(tuple(u / 5 for u in units), 0.025, spending)
+    for k, c, z in zip(units, bounds, zs, strict=True):
+        mean = d[:, :k].mean(axis=1)
+        ss = w[:, :k].sum(axis=1) + ((d[:, :k] - mean[:, None]) ** 2).sum(axis=1)
+        t = mean / np.sqrt(ss / (3 * k - 1) / k)
+        crossed |= t > c
+        carried |= t > t_boundary(z, 3 * k - 1)
+    assert crossed.mean() == pytest.approx(0.025, abs=0.0012)
+    assert carried.mean() > crossed.mean()
+
+
+def test_t_boundaries_are_reproducible_and_checked() -> None:
+    first = t_boundaries((2, 3, 4), 4, 2, 0.025, Spending.OBRIEN_FLEMING, sims=50_000)
+    t_boundaries.cache_clear()
+    assert t_boundaries((2, 3, 4), 4, 2, 0.025, Spending.OBRIEN_FLEMING, sims=50_000) == first
+    with pytest.raises(ValueError, match="must increase"):
+        t_boundaries((3, 2), 4, 2, 0.025, Spending.POCOCK)
