@@ -8,6 +8,12 @@ anyone can, so they get past the seal); and a catastrophic log-fact regex, re-se
 The same kinds of input go to `lint` as the record. Each command runs in a child with
 a 10 s limit; its peak RSS comes from wait4.
 
+Then three hostile servers (bench/hostile/server.py, loopback only) each get a one-row
+`tokrecord leg` with a row deadline of ROW_DEADLINE_S and the default byte limit: one
+streams forever, one sends a 100 MB line, one never sends its headers. Clean: the leg
+fails that row with a limit's message, keeps what arrived (raw-reads.bin), and ends
+within the deadline plus 10 s.
+
 Outcomes: `clean refusal` (non-zero exit, no traceback, no marker), `accepted` (exit 0:
 wrong for a hostile input), `crash` (a traceback or a signal), `hang` (killed at the
 limit), `leak` (the planted marker in the output). Target: every line a clean refusal,
@@ -97,6 +103,42 @@ def judge(rc: int | None, output: str) -> str:
 
 
 CLEAN = frozenset({"clean refusal", "pass, not pinned"})
+ROW_DEADLINE_S = 5.0
+SERVER = Path(__file__).with_name("server.py")
+# mode: (the attack, what the leg may say (any one), whether raw-reads.bin must hold bytes)
+_LIMITS = ("over the row's byte limit", "past the row's deadline", "more than", "longer than")
+SERVERS = {"forever": ("streams forever", _LIMITS, True),
+           "line": ("one 100 MB line", _LIMITS, True),
+           "no-headers": ("never sends headers", ("past the row's deadline",), False)}
+
+
+def hostile_servers(work: Path, env: dict[str, str], limit_s: float) -> list[Outcome]:
+    """One one-row leg per hostile server mode (see the module's doc)."""
+    config = work / "limits.toml"
+    config.write_text(f'engine = "vllm"\n[row_limits]\ndeadline_floor_s = {ROW_DEADLINE_S}\n'
+                      "deadline_per_token_s = 0.0\n")
+    outcomes = []
+    for mode, (attack, expected, raw_bytes) in SERVERS.items():
+        out = work / f"leg-{mode}"
+        cmd = f"{sys.executable} {SERVER} --mode {mode} --host {{host}} --port {{port}}"
+        rc, output, secs, cpu, mib = run_child(
+            ["leg", "--config", str(config), "--server-cmd", cmd, "--model", "hostile",
+             "--rows", "1", "--out", str(out), "--idle", "enabled=false"], env, limit_s)
+        verdict = judge(rc, output)
+        raw = out / "raw-reads.bin"
+        kept = raw.stat().st_size if raw.is_file() else -1
+        said = " ".join(output.split())
+        if verdict == "clean refusal" and (not any(e in said for e in expected)
+                                           or (raw_bytes and kept <= 0)
+                                           or secs > ROW_DEADLINE_S + 10):
+            verdict = "unclear refusal"
+        outcomes.append(Outcome("leg", "server", f"{attack} (row {ROW_DEADLINE_S:g} s)",
+                                verdict, secs, cpu, mib, rc))
+        print("  " + next((line.strip() for line in output.splitlines()
+                           if line.startswith("tokrecord: error")), "(no error line)")[:150],
+              flush=True)
+        shutil.rmtree(out, ignore_errors=True)
+    return outcomes
 
 
 # ------------------------------------------------------------------------ attacks
@@ -183,7 +225,8 @@ def make_leg(work: Path, env: dict[str, str]) -> Path:
     proc = subprocess.run([sys.executable, "-c", CLI, "leg", "--server-cmd", FAKE,
                            "--model", "fake", "--rows", "2", "--out", str(leg), *IDLE],
                           env=env, capture_output=True, text=True, check=False)
-    if proc.returncode != 0 or not (leg / MANIFEST_NAME).exists():
+    # Exit 3: sealed but not valid (no teacher), which is all the verify lines need.
+    if proc.returncode not in (0, 3) or not (leg / MANIFEST_NAME).exists():
         raise SystemExit(f"cannot make the sealed leg:\n{proc.stdout}\n{proc.stderr}")
     return leg
 
@@ -197,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=float, default=30.0,
                         help="Kill a child after this many wall seconds (a hang).")
     parser.add_argument("--skip-lint", action="store_true")
+    parser.add_argument("--skip-servers", action="store_true",
+                        help="Leave out the hostile-server lines.")
+    parser.add_argument("--only-servers", action="store_true",
+                        help="Only the hostile-server lines.")
     parser.add_argument("--part", default="1/1",
                         help="K/N: only every N-th file kind from the K-th (a run under 10 min "
                         "on a loaded machine).")
@@ -227,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
         rc, out, secs, cpu, mib = run_child(["verify", str(leg)], env, args.limit)
         record(Outcome("verify", "(untouched leg)", "baseline", judge(rc, out), secs, cpu, mib,
                        rc))
+        if not args.skip_servers:
+            for outcome in hostile_servers(work, env, args.limit):
+                record(outcome)
+        if args.only_servers:
+            kinds = []
+            args.skip_lint = True
 
         for kind in kinds:
             for attack, (mutate, reseal) in ATTACKS.items():
@@ -242,9 +295,10 @@ def main(argv: list[str] | None = None) -> int:
         n += 1
         copy = writable_copy(leg, work / f"c{n}")
         catastrophic_regex(copy)
-        rc, out, secs, cpu, mib = run_child(["verify", str(copy)], env, args.limit)
-        record(Outcome("verify", "config.json", "(a+)+$ log fact (re-sealed)", judge(rc, out),
-                       secs, cpu, mib, rc))
+        if not args.only_servers:
+            rc, out, secs, cpu, mib = run_child(["verify", str(copy)], env, args.limit)
+            record(Outcome("verify", "config.json", "(a+)+$ log fact (re-sealed)",
+                           judge(rc, out), secs, cpu, mib, rc))
         for attack, (mutate, _) in ([] if args.skip_lint else ATTACKS.items()):
             target = work / f"record-{attack.replace(' ', '-').replace('/', '')}.json"
             if args.record.is_file():

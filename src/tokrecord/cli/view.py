@@ -82,6 +82,12 @@ class RichLegObserver:
             f"server ready in {seconds:.1f} s (health and model list only; no warmup)"
         )
 
+    def server_exposed(self, listening: list[str]) -> None:
+        self.console.print(
+            f"warning: the server listens beyond loopback, on {', '.join(listening)}: anyone "
+            "on the network can reach it (give the server --host {host}; the leg's host is "
+            "loopback)", style="yellow", markup=False, highlight=False)
+
     def row_started(self, index: int, row: SuiteRow, total: int) -> None:
         self._total, self._row_id = total, row.id
         self._row_t0 = time.perf_counter_ns()

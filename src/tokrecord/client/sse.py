@@ -34,11 +34,15 @@ class SSEDecoder:
     simply carried in the buffer.
     """
 
-    __slots__ = ("_buffer", "_data", "_event", "_id", "_pending_cr")
+    __slots__ = ("_buffer", "_data", "_data_bytes", "_event", "_id", "_pending_cr", "max_event",
+                 "max_line")
 
-    def __init__(self) -> None:
+    def __init__(self, max_line: int = 4 << 20, max_event: int = 4 << 20) -> None:
+        # A server that never ends a line or an event would otherwise grow these forever.
+        self.max_line, self.max_event = max_line, max_event
         self._buffer = bytearray()
         self._data: list[str] = []
+        self._data_bytes = 0
         self._event: str | None = None
         self._id: str | None = None
         # A CR that ended the previous feed may be the first half of a CRLF.
@@ -74,6 +78,10 @@ class SSEDecoder:
                 events.append(event)
             start = nxt
         del buf[:start]
+        if len(buf) > self.max_line:
+            raise SSEProtocolError(
+                f"event stream line longer than {self.max_line} bytes "
+                f"(row_limits.max_line_bytes): {bytes(buf[:80])!r}...")
         return events
 
     def close(self) -> None:
@@ -90,6 +98,7 @@ class SSEDecoder:
                 return None
             event = SSEEvent("\n".join(self._data), self._event, self._id)
             self._data = []
+            self._data_bytes = 0
             self._event = None
             return event
         try:
@@ -104,6 +113,11 @@ class SSEDecoder:
         if name not in _KNOWN_FIELDS:
             raise SSEProtocolError(f"malformed event stream line: {line[:120]!r}")
         if name == "data":
+            self._data_bytes += len(raw)
+            if self._data_bytes > self.max_event:
+                raise SSEProtocolError(
+                    f"event longer than {self.max_event} bytes (row_limits.max_event_bytes), "
+                    f"in {len(self._data) + 1} data lines")
             self._data.append(value)
         elif name == "event":
             self._event = value

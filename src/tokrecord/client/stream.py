@@ -20,6 +20,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict
 
 from tokrecord.client.chunked import ChunkedDecoder
+from tokrecord.client.limits import DEFAULT_LIMITS, RowLimitError, RowLimits
 from tokrecord.client.rawlog import HEADER, RAW_CHUNKED, RAW_PLAIN, RAW_READ, RawRow
 from tokrecord.client.sse import SSEDecoder
 from tokrecord.client.wire import Head, Wire, parse_head, request_bytes, wire_for
@@ -96,6 +97,43 @@ def _transport_message(
 # stamp, so slow engines get live progress and their events are flushed as they come.
 LIVE_DECODE_GAP_NS = 2_000_000
 _SEND_STARTED = "send_request_headers.started"
+# The token loop sums the bytes of a row once every this many reads (at most READ_SIZE
+# each), so that the byte limit costs the loop one comparison per read.
+BYTES_CHECK_READS = 64
+
+
+class _Budget:
+    """A row's deadline and byte limit (client.limits), checked from the token loop."""
+
+    __slots__ = ("cap", "counted", "deadline_ns", "limits", "max_tokens", "total", "where")
+
+    def __init__(self, limits: RowLimits, max_tokens: int, t_start: int, where: str) -> None:
+        self.limits, self.max_tokens, self.where = limits, max_tokens, where
+        self.deadline_ns = t_start + int(limits.deadline_s(max_tokens) * 1e9)
+        self.cap = limits.row_bytes(max_tokens)
+        self.counted = 0  # reads summed into `total` so far
+        self.total = 0
+
+    def remaining_s(self, now: int) -> float:
+        return max((self.deadline_ns - now) / 1e9, 0.001)
+
+    def check(self, t: int, reads: Sequence[bytes]) -> int:
+        """Raise RowLimitError past the deadline or the byte limit; else the read count at
+        which to look again."""
+        if t > self.deadline_ns:
+            self.expired(len(reads))
+        self.total += sum(len(r) for r in reads[self.counted:])
+        self.counted = len(reads)
+        if self.total > self.cap:
+            raise RowLimitError(
+                f"{self.where}: over the row's byte limit: {self.total} bytes received in "
+                f"{len(reads)} reads, limit {self.limits.explain_bytes(self.max_tokens)}")
+        return len(reads) + BYTES_CHECK_READS
+
+    def expired(self, n_reads: int) -> None:
+        raise RowLimitError(
+            f"{self.where}: past the row's deadline after {n_reads} reads: "
+            f"{self.limits.explain_deadline(self.max_tokens)}")
 
 
 class _RowDecoder:
@@ -106,14 +144,17 @@ class _RowDecoder:
     """
 
     def __init__(self, row_index: int, where: str, parser: StreamParser, sink: EventSink,
-                 on_tokens: Callable[[int, int], None] | None) -> None:
+                 on_tokens: Callable[[int, int], None] | None,
+                 limits: RowLimits = DEFAULT_LIMITS, max_tokens: int | None = None) -> None:
         self.chunked: ChunkedDecoder | None = None  # set when reads carry HTTP framing
         self.row_index = row_index
         self.where = where
         self.sink = sink
         self.on_tokens = on_tokens
         self.parser = parser
-        self.decoder = SSEDecoder()
+        self.decoder = SSEDecoder(limits.max_line_bytes, limits.max_event_bytes)
+        self.limits, self.max_tokens = limits, max_tokens
+        self.max_events = limits.max_events(max_tokens) if max_tokens is not None else None
         self.chunks: list[Chunk] = []
         self.events = 0
         self.received = 0
@@ -135,6 +176,11 @@ class _RowDecoder:
         self.decoder.close()
 
     def _event(self, t: int, data: str) -> None:
+        if self.max_events is not None and self.events >= self.max_events:
+            raise RowLimitError(
+                f"{self.where}: more than {self.max_events} events = "
+                f"{self.limits.events_floor} + {self.max_tokens} max_tokens x "
+                f"{self.limits.events_per_token:g} (row_limits.events_floor, events_per_token)")
         self.events += 1
         if data == DONE:
             self.done = True
@@ -173,6 +219,7 @@ def stream_row(
     epoch_ns: int = 0,
     engine: Engine | None = None,
     raw_fd: int | None = None,
+    limits: RowLimits = DEFAULT_LIMITS,
 ) -> RowTrace:
     """POST one streaming request and record it. Raises StreamError on any failure,
     after writing an `end` event that says what went wrong.
@@ -194,7 +241,11 @@ def stream_row(
     `raw_fd` (an O_APPEND descriptor, see `tokrecord.client.rawlog`): each read's body
     bytes and stamp are also appended there, one unbuffered write per read, as they
     arrive, so that a SIGKILL in the middle of a row, before any decoding, loses
-    nothing that had arrived; a resume decodes them (experiment.recovery)."""
+    nothing that had arrived; a resume decodes them (experiment.recovery).
+
+    `limits` bound the row (client.limits): past its deadline or its byte limit, or
+    with a line or an event over their caps, the row fails with RowLimitError; what
+    had arrived is decoded into the sink and is in the raw log."""
     where = f"row {row_index} ({row.id})"
     sent: list[int] = []
 
@@ -212,7 +263,8 @@ def stream_row(
         headers["Connection"] = "close"
     request = http.build_request("POST", path, json=dict(body), headers=headers,
                                  extensions={"trace": trace})
-    state = _RowDecoder(row_index, where, dialect.parser(endpoint), sink, on_tokens)
+    state = _RowDecoder(row_index, where, dialect.parser(endpoint), sink, on_tokens, limits,
+                        row.max_tokens)
     stamps: list[int] = []
     reads: list[bytes] = []
     request_written = False
@@ -234,11 +286,12 @@ def stream_row(
     wire = wire_for(http)
     raw = (raw_fd, row_index) if raw_fd is not None else None
     t_fallback = time.perf_counter_ns()
+    budget = _Budget(limits, row.max_tokens, t_fallback, where)
     try:
         if wire is not None:
             try:
                 head = _read_wire(wire, request_bytes(request), state, stamps, reads, epoch_ns,
-                                  flush, sent, where, path, raw)
+                                  flush, sent, where, path, raw, budget)
                 t_end = time.perf_counter_ns() - epoch_ns
                 flush()
                 state.close()
@@ -249,7 +302,7 @@ def stream_row(
             wire.done(head.keep_alive and framed and not dialect.close_after_stream)
         else:
             t_end = _stream_httpx(http, request, state, stamps, reads, epoch_ns, flush, where,
-                                  path, raw)
+                                  path, raw, budget)
     except (StreamError, httpx.HTTPError) as exc:
         t_fail = time.perf_counter_ns() - epoch_ns
         write_request()
@@ -277,7 +330,8 @@ def stream_row(
 
 def _read_wire(wire: Wire, out: bytes, state: _RowDecoder, stamps: list[int], reads: list[bytes],
                epoch_ns: int, flush: Callable[[], None], sent: list[int], where: str,
-               path: str, raw: tuple[int, int] | None = None) -> Head:
+               path: str, raw: tuple[int, int] | None = None,
+               budget: _Budget | None = None) -> Head:
     """The token loop on the client's own socket: write the request, then stamp and
     store every read of the body; decode only at a possible end or after a slow gap
     (LIVE_DECODE_GAP_NS). Returns the response head once the body is complete.
@@ -287,14 +341,29 @@ def _read_wire(wire: Wire, out: bytes, state: _RowDecoder, stamps: list[int], re
     the server cannot have started on a request it never answered.
 
     With `raw` (descriptor, row), each body read is also appended to the raw log after
-    its stamp: one `struct.pack` and one unbuffered `writev`, no decoding."""
+    its stamp: one `struct.pack` and one unbuffered `writev`, no decoding.
+
+    The row's `budget` costs the loop one comparison per read: the deadline (also the
+    socket's timeout, renewed only after a slow gap) and, every BYTES_CHECK_READS
+    reads, the byte limit."""
     retry = wire.reused
+    if budget is None:
+        budget = _Budget(DEFAULT_LIMITS, 1 << 20, time.perf_counter_ns(), where)
+    deadline, check_at = budget.deadline_ns, BYTES_CHECK_READS
+    read_timeout = wire.read_timeout
     # Locals, so that the loop does no attribute lookups for the raw log.
     raw_fd, raw_row = raw if raw is not None else (-1, 0)
     writev, pack = os.writev, HEADER.pack
 
+    sock_wait = [0.0]  # the socket's timeout now
+
     def send() -> None:
         sent[:] = [wire.send(out)]
+        # No wait on the socket may outlast the row's deadline.
+        left_s = budget.remaining_s(time.perf_counter_ns())
+        if wire.sock is not None:  # always: a kept socket holds the last row's wait
+            sock_wait[0] = left_s if read_timeout is None else min(read_timeout, left_s)
+            wire.sock.settimeout(sock_wait[0])
 
     try:
         send()
@@ -315,6 +384,10 @@ def _read_wire(wire: Wire, out: bytes, state: _RowDecoder, stamps: list[int], re
             if not (retry and not pending):
                 raise
             data = b""
+        except httpx.ReadTimeout:
+            if time.perf_counter_ns() >= deadline - 10_000_000:
+                budget.expired(len(reads))
+            raise
         t = time.perf_counter_ns()
         if not data:
             if retry and not pending:
@@ -333,6 +406,8 @@ def _read_wire(wire: Wire, out: bytes, state: _RowDecoder, stamps: list[int], re
             pending += data
             head = parse_head(pending)
             if head is None:
+                if t > deadline:
+                    budget.expired(0)
                 continue
             if head.status != 200:
                 raise _http_error(wire, head, pending, where, path)
@@ -347,8 +422,18 @@ def _read_wire(wire: Wire, out: bytes, state: _RowDecoder, stamps: list[int], re
         reads.append(data)
         if raw is not None:
             writev(raw_fd, (pack(RAW_READ, raw_row, len(data), t - epoch_ns), data))
+        if t > deadline or len(reads) >= check_at:
+            check_at = budget.check(t, reads)
         slow = previous and t - previous >= LIVE_DECODE_GAP_NS
         previous = t
+        if slow and wire.sock is not None:
+            # Between slow reads there is time to shorten the socket's wait, by a second
+            # or more at a time (at most one syscall a second): a silent server then
+            # holds the row at most a second past its deadline.
+            left_s = budget.remaining_s(t)
+            if left_s < sock_wait[0] - 1.0:
+                sock_wait[0] = left_s
+                wire.sock.settimeout(left_s)
         if state.chunked is not None:
             tail = (tail + data)[-4:]
             # Every chunked body ends in CRLF CRLF (last chunk, trailers): only then is
@@ -389,7 +474,7 @@ def _http_error(wire: Wire, head: Head, pending: bytes, where: str, path: str) -
 def _stream_httpx(http: httpx.Client, request: httpx.Request, state: _RowDecoder,
                   stamps: list[int], reads: list[bytes], epoch_ns: int,
                   flush: Callable[[], None], where: str, path: str,
-                  raw: tuple[int, int] | None = None) -> int:
+                  raw: tuple[int, int] | None = None, budget: _Budget | None = None) -> int:
     """The row through httpx, for a client whose transport is not a plain socket (a
     mock transport, a proxy, https); returns t_end."""
     response = http.send(request, stream=True)
@@ -404,12 +489,17 @@ def _stream_httpx(http: httpx.Client, request: httpx.Request, state: _RowDecoder
         if raw is not None:
             os.write(raw_fd, pack(RAW_PLAIN, raw_row, 0, 0))
         previous = 0
+        if budget is None:
+            budget = _Budget(DEFAULT_LIMITS, 1 << 20, time.perf_counter_ns(), where)
+        deadline, check_at = budget.deadline_ns, BYTES_CHECK_READS
         for data in response.iter_raw():
             t = time.perf_counter_ns()
             stamps.append(t - epoch_ns)
             reads.append(data)
             if raw is not None:
                 writev(raw_fd, (pack(RAW_READ, raw_row, len(data), t - epoch_ns), data))
+            if t > deadline or len(reads) >= check_at:
+                check_at = budget.check(t, reads)
             if previous and t - previous >= LIVE_DECODE_GAP_NS:
                 flush()
             previous = t
@@ -425,6 +515,12 @@ def _failure(exc: StreamError | httpx.HTTPError, state: _RowDecoder, stamps: lis
              reads: list[bytes], where: str, base_url: httpx.URL) -> StreamError:
     """The error to report. Everything received before a transport failure is kept; a
     malformed event among it is the earlier failure and is the one reported."""
+    if isinstance(exc, RowLimitError):
+        # Keep the events that did arrive; the limit is what is reported, even where the
+        # cut left a malformed event behind.
+        with contextlib.suppress(StreamError, ValueError):
+            state.decode(stamps, reads)
+        return RowLimitError(f"{exc} ({state.received} tokens, {state.events} events kept)")
     if isinstance(exc, StreamError):
         return exc
     try:

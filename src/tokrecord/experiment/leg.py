@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tokrecord import __version__
 from tokrecord.client import RowTrace, close_wire, stream_row
+from tokrecord.client.limits import RowLimits
 from tokrecord.engines import (
     Endpoint,
     Engine,
@@ -35,6 +36,7 @@ from tokrecord.engines import (
 )
 from tokrecord.errors import StreamError, TokrecordError
 from tokrecord.evidence import JsonlWriter, RunDir, canonical_json, layout, read_jsonl
+from tokrecord.evidence.redact import redact_argv, redact_env
 from tokrecord.gates import (
     EXACTNESS_RULE,
     EXACTNESS_RULE_V1,
@@ -141,6 +143,7 @@ class LegConfig(BaseModel):
     headline: Convention = Convention.CONVENTIONAL
     request_extra: dict[str, Any] = Field(default_factory=dict)
     request_timeout_s: float = Field(default=600.0, gt=0)
+    row_limits: RowLimits = Field(default_factory=RowLimits)
     gates: GateConfig = Field(default_factory=GateConfig)
     plan_sha256: str | None = None  # the preregistered plan this leg belongs to
     attempt: int = Field(default=1, ge=1)  # >1 only after an interrupted attempt
@@ -244,6 +247,7 @@ class LegObserver(Protocol):
     def idle_snapshot(self, phase: str, snap: Snapshot, reasons: list[str], run: int,
                       elapsed_s: float, criteria: IdleCriteria) -> None: ...
     def idle_finished(self, result: IdleResult) -> None: ...
+    def server_exposed(self, listening: list[str]) -> None: ...
 
 
 class NullObserver:
@@ -257,6 +261,7 @@ class NullObserver:
     def idle_snapshot(self, phase: str, snap: Snapshot, reasons: list[str], run: int,
                       elapsed_s: float, criteria: IdleCriteria) -> None: ...
     def idle_finished(self, result: IdleResult) -> None: ...
+    def server_exposed(self, listening: list[str]) -> None: ...
 
 
 def _scrape(http: httpx.Client, path: str | None) -> str | None:
@@ -273,14 +278,23 @@ def _scrape(http: httpx.Client, path: str | None) -> str | None:
     return resp.text
 
 
+def _redacted_leg(config: LegConfig) -> dict[str, Any]:
+    """The leg's configuration as evidence: secret-looking env values and flag values
+    redacted (evidence.redact), their names kept."""
+    leg = config.model_dump(mode="json", exclude={"suite"})
+    leg["server"]["argv"] = redact_argv(leg["server"]["argv"])
+    leg["server"]["env"] = redact_env(leg["server"]["env"])
+    return leg
+
+
 def _resolved_config(config: LegConfig, argv: list[str], port: int) -> dict[str, Any]:
     return {
         "schema": SCHEMA_CONFIG,
         "tokrecord_version": __version__,
-        "leg": config.model_dump(mode="json", exclude={"suite"}),
+        "leg": _redacted_leg(config),
         "suite": {"name": config.suite.name, "sha256": config.suite.sha256,
                   "rows": len(config.suite.rows)},
-        "resolved_argv": argv,
+        "resolved_argv": redact_argv(argv),
         "engine": {"name": config.engine_name.value, "inferred": config.engine is None},
         "port": port,
         "client": {"python": sys.version.split()[0], "platform": platform.platform(),
@@ -404,10 +418,14 @@ def run_leg(
         started = True
         # So a later resume can find (and stop) a server orphaned by a hard kill.
         run.write_json(layout.SERVER_INFO, {"pid": server.pid, "pgid": server.pid, "port": port,
-                                            "argv": argv, "create_time": server.create_time})
+                                            "argv": redact_argv(argv),
+                                            "create_time": server.create_time})
         st.ready_s = server.wait_ready(spec.ready_timeout_s, model=spec.request_model,
                                        on_poll=obs.server_waiting, engine=config.adapter)
         obs.server_ready(st.ready_s)
+        listening = server.exposed()
+        if listening:
+            obs.server_exposed(listening)
         with make_http(server.base_url, config.request_timeout_s) as http:
             try:
                 st.version = _engine_version(http, config.adapter)
@@ -508,7 +526,7 @@ def _stream_suite(http: httpx.Client, run: RunDir, config: LegConfig, events: Js
         trace = stream_row(
             http, row_index=i, row=row, body=body, endpoint=config.endpoint,
             sink=events, on_tokens=lambda n, t, i=i: obs.row_tokens(i, n, t),  # type: ignore[misc]
-            epoch_ns=epoch_ns, engine=engine, raw_fd=raw_fd,
+            epoch_ns=epoch_ns, engine=engine, raw_fd=raw_fd, limits=config.row_limits,
         )
         record = RowRecord(trace=trace, metrics=row_metrics(trace.t_send_ns, trace.chunks))
         st.records.append(record)
@@ -679,7 +697,8 @@ def teacher_from_run(
         suite_sha256=config.suite.sha256,
         model=config.server.model,
         model_manifest=model_manifest,
-        arm={"name": config.arm, "argv": list(config.server.argv), "env": config.server.env},
+        arm={"name": config.arm, "argv": redact_argv(config.server.argv),
+             "env": redact_env(config.server.env)},
         source_run=str(run_dir),
         rows=tuple(
             TeacherRow(

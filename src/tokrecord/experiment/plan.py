@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from tokrecord.client.limits import RowLimits
 from tokrecord.engines import (
     Endpoint,
     Engine,
@@ -202,6 +203,8 @@ class Plan(_Strict):
     idle: IdleCriteria = Field(default_factory=IdleCriteria)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     request_extra: dict[str, Any] = Field(default_factory=dict)
+    # How long and how large a row may be ([row_limits]; client.limits).
+    row_limits: RowLimits = Field(default_factory=RowLimits)
     # Facts to read from every leg's server log, on top of the engine's own ([[log_facts]]).
     log_facts: tuple[LogExtractor, ...] = ()
     # Profiler evidence for what the candidate changes ([[components]]), sealed with the
@@ -294,7 +297,7 @@ _LATER_DEFAULTS: Final[dict[str, Any]] = {"idle": IdleCriteria(), "telemetry": T
                                            "blocks": 1, "min_effect_pct": None, "noise": None,
                                            "record_confidence": 0.98, "engine": None,
                                            "log_facts": (), "components": (),
-                                           "sequential": None}
+                                           "sequential": None, "row_limits": RowLimits()}
 _ADDED_LATER: Final = tuple(_LATER_DEFAULTS)
 
 

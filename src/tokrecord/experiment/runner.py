@@ -115,7 +115,7 @@ def leg_config(plan: Plan, suite: Suite, name: str, arm_name: ArmName, attempt: 
         request_extra=plan.request_extra,
         gates=plan.gates.model_copy(update={"log_rules": arm.log_rules}),
         plan_sha256=plan.sha256, attempt=attempt, idle=plan.idle, telemetry=plan.telemetry,
-        log_facts=plan.log_facts,
+        log_facts=plan.log_facts, row_limits=plan.row_limits,
     )
 
 

@@ -19,10 +19,18 @@ from pydantic import BaseModel, ConfigDict
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout
+from tokrecord.evidence.redact import redact_argv, redact_env
 from tokrecord.experiment.interim import leg_figures, sequential_analysis
 from tokrecord.experiment.leg import CLOCK_SOURCE, LegResult, RowRecord
 from tokrecord.experiment.noise import legs_in_order, noise_diagnostic
-from tokrecord.experiment.plan import Design, DesignLeg, Plan, abba_pairs, speculative_configs
+from tokrecord.experiment.plan import (
+    Arm,
+    Design,
+    DesignLeg,
+    Plan,
+    abba_pairs,
+    speculative_configs,
+)
 from tokrecord.experiment.sequential import SequentialAnalysis
 from tokrecord.experiment.stats import (
     AnalysisLeg,
@@ -199,7 +207,7 @@ def abba_record(
         else "no_record",
         "plan_sha256": plan.sha256,
         "prior_approved_record": {"id": plan.prior.id, "tok_s": plan.prior.value_tok_s},
-        "treatment": {name: arm.model_dump(mode="json") for name, arm in plan.arms.items()},
+        "treatment": {name: _redacted_arm(arm) for name, arm in plan.arms.items()},
         "protocol": {
             "order": [f"{name}-{arm}" for name, arm in plan.legs if name in results],
             "fresh_service_per_leg": True,
@@ -265,7 +273,7 @@ def abba_record(
                        "pairs": [f"{c}_vs_{a}" for c, a in pair_names]}
     out["protocol"]["max_blocks"] = plan.max_blocks
     out["sequential"] = seq.model_dump(mode="json") if seq is not None else None
-    out["treatment"] = {name: arm.model_dump(mode="json") for name, arm in plan.arms.items()}
+    out["treatment"] = {name: _redacted_arm(arm) for name, arm in plan.arms.items()}
     out["verdict_analysis"] = analysis.model_dump(mode="json") if analysis else None
     out["power"] = dict(power) if power is not None else None
     out["server_log_facts"] = {name: server_log_facts(r) for name, r in results.items()}
@@ -322,9 +330,17 @@ def model_section(plan: Plan, facts: EvidenceFacts) -> dict[str, Any]:
             "draft_revision": draft.get("revision")}
 
 
+def _redacted_arm(arm: Arm) -> dict[str, Any]:
+    """An arm as the record shows it: secret-looking env and flag values redacted."""
+    out = arm.model_dump(mode="json")
+    out["env"] = redact_env(out.get("env") or {})
+    out["extra_args"] = redact_argv(out.get("extra_args") or [])
+    return out
+
+
 def unchanged_stack(plan: Plan) -> dict[str, Any]:
     """What every arm shares: the base server's argv and environment (the arms add theirs)."""
-    return {"argv": list(plan.server.argv), "env": dict(plan.server.env)}
+    return {"argv": redact_argv(plan.server.argv), "env": redact_env(plan.server.env)}
 
 
 def component_reasons(components: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -350,8 +366,8 @@ def treatment_section(plan: Plan, result: LegResult, facts: EvidenceFacts) -> di
     the preregistered one, and every claim and fact the server log supports, each with
     the log evidence or the reason it is not claimed."""
     arm = plan.arms[result.arm]  # type: ignore[index]
-    selector = " ".join([*(f"{k}={v}" for k, v in sorted(arm.env.items())),
-                         *arm.extra_args]) or "(none: the base server)"
+    selector = " ".join([*(f"{k}={v}" for k, v in sorted(redact_env(arm.env).items())),
+                         *redact_argv(arm.extra_args)]) or "(none: the base server)"
     check = facts.leg_identity.get(result.name) or {}
     changed = check.get("changed")
     gate = _gate(result, "treatment_attestation")

@@ -131,6 +131,7 @@ def _load_json(path: Path, base: Path, problems: list[Problem]) -> Any:
         return None
 
 
+IDLE_SNAPSHOTS_CAP = 16 * 1024 * 1024
 # Caps for the files verify_leg hands to parsers that open them by name.
 _LEG_CAPS = {layout.EVENTS: safe.JSONL_CAP, layout.SUITE: safe.JSONL_CAP,
              layout.TELEMETRY: safe.JSONL_CAP, layout.SERVER_LOG: safe.TEXT_CAP,
@@ -138,7 +139,11 @@ _LEG_CAPS = {layout.EVENTS: safe.JSONL_CAP, layout.SUITE: safe.JSONL_CAP,
              layout.LEG_TEACHER: safe.JSON_CAP,
              # The sampler's header, read by probes.telemetry.read_samples (found by
              # bench/hostile: a 1 GB one took 2.2 GB of memory).
-             Path(layout.TELEMETRY).stem + ".probes.json": safe.JSON_CAP}
+             Path(layout.TELEMETRY).stem + ".probes.json": safe.JSON_CAP,
+             # The idle gate's snapshots, read for the leg's covariates (bench/hostile: a
+             # re-sealed 1 GB sparse one took 1.4 GB). One line a poll: even a 600 s gate
+             # polled every 20 ms writes under 16 MiB.
+             "idle-before.jsonl": IDLE_SNAPSHOTS_CAP, "idle-after.jsonl": IDLE_SNAPSHOTS_CAP}
 
 
 def _check_leg_files(run_dir: Path) -> None:

@@ -10,6 +10,7 @@ longer listens. That check is evidence, not a courtesy.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import re
 import shutil
@@ -195,28 +196,66 @@ def servers_of_run(run_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def _descendants(pid: int) -> set[int]:
+# Processes are known by identity, a psutil.Process (pid and kernel start time), never
+# by a bare pid: a helper of the server that exits and is reaped frees its pid, and an
+# unrelated process that takes it must never be counted as ours, nor signalled.
+Identity = tuple[int, float]
+
+
+def _identity(proc: psutil.Process) -> Identity:
+    return proc.pid, proc.create_time()
+
+
+def _family(leader: psutil.Process) -> list[psutil.Process]:
+    """The leader and its descendants now (psutil drops children older than a parent,
+    so a reused pid is not taken for a child)."""
     try:
-        proc = psutil.Process(pid)
-        return {pid} | {c.pid for c in proc.children(recursive=True)}
+        return [leader, *leader.children(recursive=True)] if leader.is_running() else []
     except psutil.Error:
-        return set()
+        return []
 
 
-def _group_members(pgid: int) -> set[int]:
-    members = set()
+def _group(pgid: int, since: float) -> list[psutil.Process]:
+    """Members of process group `pgid` started no earlier than its leader: a process
+    older than the leader's session cannot have joined it, so an older holder of that
+    group number is someone else's."""
+    members = []
     for proc in psutil.process_iter(["pid"]):
         try:
-            if os.getpgid(proc.pid) == pgid:
-                members.add(proc.pid)
+            if os.getpgid(proc.pid) == pgid and proc.create_time() >= since:
+                members.append(proc)
         except (ProcessLookupError, PermissionError, psutil.Error):
             continue
     return members
 
 
-def _alive(pid: int) -> bool:
+def listening_beyond_loopback(procs: Sequence[psutil.Process]) -> list[str]:
+    """Each listening socket of these processes bound to more than loopback, as
+    "address:port (pid N)": 0.0.0.0, ::, or an interface's own address."""
+    found = []
+    for proc in procs:
+        try:
+            conns = proc.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        for conn in conns:
+            if conn.status != psutil.CONN_LISTEN or not conn.laddr:
+                continue
+            try:
+                addr = ipaddress.ip_address(conn.laddr.ip)
+            except ValueError:
+                continue
+            mapped = getattr(addr, "ipv4_mapped", None)
+            if not (mapped or addr).is_loopback:
+                host = f"[{conn.laddr.ip}]" if addr.version == 6 else conn.laddr.ip
+                found.append(f"{host}:{conn.laddr.port} (pid {proc.pid})")
+    return sorted(set(found))
+
+
+def _alive(proc: psutil.Process) -> bool:
+    """This very process still runs (False once its pid belongs to another)."""
     try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
@@ -244,14 +283,17 @@ class ServerProcess:
         self.stop_grace_s = stop_grace_s
         self.base_url = f"http://{host}:{port}"
         self._proc: subprocess.Popen[bytes] | None = None
+        self._leader: psutil.Process | None = None
         self._log: IO[bytes] | None = None
-        self._tracked: set[int] = set()
+        self._tracked: dict[Identity, psutil.Process] = {}
         self.cleanup: CleanupReport | None = None
         self.started_ns: int | None = None
 
     @property
     def create_time(self) -> float | None:
         """The kernel's start time of the server process (tells a reused pid apart)."""
+        if self._leader is not None:
+            return float(self._leader.create_time())
         try:
             return float(psutil.Process(self.pid).create_time())
         except psutil.Error:
@@ -286,7 +328,33 @@ class ServerProcess:
             self._log.close()
             raise ServerError(f"cannot start server {self.argv[0]!r}: {exc.strerror}") from exc
         self.started_ns = time.perf_counter_ns()
-        self._tracked = {self._proc.pid}
+        # Unreaped, the child's pid cannot be anyone else's: its identity is taken now.
+        try:
+            self._leader = psutil.Process(self._proc.pid)
+        except psutil.Error:
+            self._leader = None  # already gone (and a zombie psutil cannot read)
+        self._tracked = {}
+        self._track(_family(self._leader) if self._leader is not None else [])
+
+    def _track(self, procs: Sequence[psutil.Process]) -> None:
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                self._tracked.setdefault(_identity(proc), proc)
+
+    def _family_now(self) -> list[psutil.Process]:
+        return _family(self._leader) if self._leader is not None else []
+
+    def _signal_group(self, sig: signal.Signals) -> bool:
+        """Signal the server's process group, only while its leader is our child and not
+        yet reaped: until then its pid, and so the group's number, is not anyone else's."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return False
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
 
     def wait_ready(
         self,
@@ -315,7 +383,7 @@ class ServerProcess:
         deadline = t0 + timeout_s
         with httpx.Client(base_url=self.base_url, timeout=5.0) as http:
             while True:
-                self._tracked |= _descendants(proc.pid)
+                self._track(self._family_now())
                 code = proc.poll()
                 if code is not None:
                     raise ServerError(
@@ -342,6 +410,12 @@ class ServerProcess:
                 # the ready time is evidence; then every poll_s for slow engines.
                 sleep(min(poll_s, 0.01 * 2 ** polls, max(0.0, deadline - now)))
                 polls += 1
+
+    def exposed(self) -> list[str]:
+        """Where the server's processes listen beyond loopback (empty when only on
+        loopback): a server reachable from the network, which a benchmark never needs."""
+        self._track(self._family_now())
+        return listening_beyond_loopback([p for p in self._tracked.values() if _alive(p)])
 
     @staticmethod
     def _ready(http: httpx.Client, model: str | None, engine: Engine) -> bool:
@@ -370,35 +444,37 @@ class ServerProcess:
             raise ServerError("server was not started")
         t0 = time.monotonic()
         pgid = proc.pid  # start_new_session makes the server its group's leader
+        since = self.create_time or 0.0
+        # Members first, while the leader is surely unreaped (its group number ours).
+        self._track([*self._family_now(), *_group(pgid, since)])
         exited_before = proc.poll() is not None
-        self._tracked |= _descendants(proc.pid) | _group_members(pgid)
         sigterm = sigkill = False
         if not exited_before:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGTERM)
-                sigterm = True
+            sigterm = self._signal_group(signal.SIGTERM)
         deadline = t0 + self.stop_grace_s
         while time.monotonic() < deadline:
             # Keep learning about children: a worker forked during shutdown counts too.
-            self._tracked |= _descendants(proc.pid)
-            if proc.poll() is not None and not any(_alive(p) for p in self._tracked):
+            self._track(self._family_now())
+            if proc.poll() is not None and not any(_alive(p) for p in self._tracked.values()):
                 break
             time.sleep(0.05)
-        stragglers = [p for p in self._tracked | _group_members(pgid) if _alive(p)]
+        if proc.returncode is None:
+            self._track(_group(pgid, since))
+        stragglers = [p for p in self._tracked.values() if _alive(p)]
         if stragglers:
             sigkill = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            for pid in stragglers:  # descendants that left the group
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+            self._signal_group(signal.SIGKILL)
+            for straggler in stragglers:  # descendants that left the group
+                # psutil checks the identity before it signals: a reused pid is spared.
+                with contextlib.suppress(psutil.Error):
+                    straggler.kill()
         try:
             code = proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             code = None
         # Reaped children vanish quickly; give the kernel a moment before counting.
         settle = time.monotonic() + 2.0
-        survivors = [p for p in self._tracked if _alive(p) and p != os.getpid()]
+        survivors = [p for p in self._tracked.values() if _alive(p) and p.pid != os.getpid()]
         while survivors and time.monotonic() < settle:
             time.sleep(0.05)
             survivors = [p for p in survivors if _alive(p)]
@@ -411,8 +487,8 @@ class ServerProcess:
             sigterm_sent=sigterm,
             sigkill_sent=sigkill,
             stop_seconds=round(time.monotonic() - t0, 3),
-            tracked_pids=tuple(sorted(self._tracked)),
-            surviving_pids=tuple(sorted(survivors)),
+            tracked_pids=tuple(sorted({pid for pid, _ in self._tracked})),
+            surviving_pids=tuple(sorted(p.pid for p in survivors)),
             port=self.port,
             port_listening_after=port_is_listening(self.port, self.host),
         )

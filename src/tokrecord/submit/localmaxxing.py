@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shlex
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -35,6 +34,7 @@ from pydantic import ValidationError
 from tokrecord import __version__
 from tokrecord.engines import FAKE_MODULE, EngineName, engine_for, infer_engine
 from tokrecord.engines.base import arg_value
+from tokrecord.evidence.redact import is_secret_env, redact_argv
 from tokrecord.gates import GateStatus
 from tokrecord.identity import SourceIdentity
 from tokrecord.record.schema import (
@@ -75,8 +75,6 @@ KEPT_HEADERS: Final = ("content-type", "date", "location", "retry-after", "x-rat
                        "x-ratelimit-remaining", "x-ratelimit-reset",
                        # Which CDN answered: a 403 from one is not the API's.
                        "server", "cf-ray", "cf-mitigated", "x-vercel-id", "x-vercel-mitigated")
-# Server env vars that may hold credentials never reach a public command snippet.
-_SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|(^|_)KEY($|_)|AUTH", re.IGNORECASE)
 
 # Device probe backend -> the compute backend it implies.
 BACKENDS: Final = {"nvml": "cuda", "amd-smi": "rocm", "rocm-smi": "rocm", "xpu-smi": "xpu"}
@@ -133,40 +131,10 @@ def _prefix_caching(argv: Sequence[str]) -> bool | None:
     return None
 
 
-# Flags whose value is a credential: `--api-key sk-…` or `--hf-token=hf_…`. A whole word of
-# the flag must say so: `--num-speculative-tokens` and `--max-tokens` are not secrets.
-_SECRET_FLAG = re.compile(r"^--?(?:[a-z0-9]+[-_])*(?:token|key|apikey|secret|password|passwd)"
-                          r"(?:[-_][a-z0-9]+)*$", re.IGNORECASE)
-
-
-def redacted(value: str) -> str:
-    """A secret as it may be published: its name stays beside it, its value does not; the
-    hash prefix lets its owner recognise it."""
-    return f"<redacted: sha256 {hashlib.sha256(value.encode()).hexdigest()[:12]}>"
-
-
-def redact_argv(argv: Sequence[str]) -> list[str]:
-    """argv with the value of every secret-looking flag redacted (both `--flag v` and
-    `--flag=v`)."""
-    out: list[str] = []
-    secret_next = False
-    for arg in argv:
-        if secret_next:
-            out.append(redacted(arg))
-            secret_next = False
-            continue
-        flag, eq, value = arg.partition("=")
-        if _SECRET_FLAG.match(flag):
-            out.append(f"{flag}={redacted(value)}" if eq else arg)
-            secret_next = not eq
-            continue
-        out.append(arg)
-    return out
-
-
 def command_snippet(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, list[str]]:
     """The server command as run (placeholders kept), env first; credentials left out."""
-    hidden = sorted(k for k in env if _SECRET_ENV.search(k))
+    # Server env vars that may hold credentials never reach a public command snippet.
+    hidden = sorted(k for k in env if is_secret_env(k))
     shown = [f"{k}={v}" for k, v in sorted(env.items()) if k not in hidden]
     args = redact_argv(argv)
     if args and args[0].rsplit("/", 1)[-1].startswith("python"):
