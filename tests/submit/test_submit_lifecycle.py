@@ -23,7 +23,7 @@ from test_submit_flow import KEY, OPTS, PY, addendum, posts, standin
 
 from plan_support import FAKE_ARGV, plan_toml, write_plan
 from tokrecord.evidence import read_jsonl
-from tokrecord.evidence.seal import parse_manifest
+from tokrecord.evidence.seal import parse_manifest, signer_fingerprint
 from tokrecord.experiment.runner import run_experiment
 from tokrecord.record.build import build_record, finish
 from tokrecord.report import load_report, render_markdown
@@ -61,9 +61,13 @@ def ledger(tmp_path: Path) -> Ledger:
     return Ledger(tmp_path / "cfg" / "submissions.jsonl")
 
 
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+def _env(tmp_path: Path, trust: Path | None = None, **extra: str) -> dict[str, str]:
+    config = tmp_path / "cli-config"
+    if trust is not None:  # --send sends only evidence whose key is pinned: trust the record's
+        config.mkdir(exist_ok=True)
+        (config / "trusted_keys").write_text(f"{signer_fingerprint(trust)} the test's record\n")
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLUMNS": "220", "TERM": "dumb",
-            "TOKRECORD_CONFIG_DIR": str(tmp_path / "cli-config"), **extra}
+            "TOKRECORD_CONFIG_DIR": str(config), **extra}
 
 
 def _cli(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -219,7 +223,7 @@ def test_cdn_403_401_and_400_are_explained(record: Path, tmp_path: Path, ledger:
             "HTTP 400, the service refused the payload: Unknown model; field errors: hfId: "
             "tokrecord/fake-model is not a known Hugging Face model; the service suggests hfId "
             "'tokrecord/fake-model-base' (give it with --hf-id)")
-        env = _env(tmp_path, LOCALMAXXING_API_KEY="bhk_" + "0f" * 20)
+        env = _env(tmp_path, trust=record, LOCALMAXXING_API_KEY="bhk_" + "0f" * 20)
         wrong = _cli(env, "submit", str(record), "--url", s.url, "--hf-id", "tokrecord/other",
                      "--quantization", "fp32", "--send")
         assert wrong.returncode == 1
@@ -289,7 +293,7 @@ def test_the_prior_is_rechecked_at_preregistration(tmp_path: Path) -> None:
 
 def test_the_cli_lifecycle_and_the_key_in_zero_files(record: Path, tmp_path: Path,
                                                       tmp_path_factory: pytest.TempPathFactory) -> None:
-    env = _env(tmp_path, LOCALMAXXING_API_KEY=KEY)
+    env = _env(tmp_path, trust=record, LOCALMAXXING_API_KEY=KEY)
     outputs: list[str] = []
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
