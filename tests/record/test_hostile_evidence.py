@@ -261,7 +261,7 @@ def test_escape_sequences_in_names_never_reach_the_terminal(
     code, out = cli(["verify", str(copy)], capsys)
     assert code == 1
     assert "\x1b" not in out and "\r" not in out
-    assert "NOT verified" in out
+    assert "NOT verified" in " ".join(out.split())  # the console may wrap a long path's line
 
 
 def test_lint_of_hostile_records_is_a_clean_refusal(tmp_path: Path,
