@@ -35,6 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The plan writer the first H200 script uses; it sits beside this one when staged.
+from gpu_experiment import _toml
+
 SERVED_MODEL = "m"
 ROWS_MAX_TOKENS = 128  # the headline window is tokens 1..100: 128 keeps its meaning
 BLOCKS = 3  # 12 legs: a block-adjusted df of 8, a plain df of 11
@@ -91,20 +94,6 @@ ORDER: tuple[str, ...] = (
     "load:draft", "cold:draft", "rt:draft", "aslr:plain", "pin:plain", "nographs:plain",
     "threads4:plain", "load:plain", "cold:plain", "rt:plain",
 )
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
-    raise TypeError(type(value))
 
 
 def write_suite(out: Path, max_tokens: int = ROWS_MAX_TOKENS) -> Path:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,6 +14,7 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from test_verify import writable_copy
 
 from probes_support import FAST_PLAN_SECTIONS
 from tokrecord.cli import main
@@ -51,13 +50,6 @@ def sealed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     results = run_experiment(plan, exp)
     finish(exp, build_record(plan, exp, results))
     return exp
-
-
-def writable_copy(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst)
-    for p in [dst, *dst.rglob("*")]:
-        p.chmod(p.stat().st_mode | stat.S_IWUSR)
-    return dst
 
 
 def stranger() -> SigningKey:
