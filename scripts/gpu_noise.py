@@ -54,6 +54,8 @@ class Condition:
     extra_args: tuple[str, ...] = ()
     host_cpu_max_pct: float = 25.0
     burners: int = 0
+    # Server flags the baseline passes that this condition leaves out.
+    drop_args: tuple[str, ...] = ()
 
 
 def _cores(lo: int, hi: int) -> str:
@@ -81,6 +83,11 @@ def conditions() -> dict[str, Condition]:
                   host_cpu_max_pct=100.0, burners=max(1, NPROC - 4)),
         Condition("cold", "cold page cache: drop_caches before every server start",
                   server_prefix=drop),
+        # The first row's TTFT predicted the leg in every A/A of the first session: does the
+        # server's own start-up warmup (one empty decode before it listens, no prompt of the
+        # suite, generation counters stay 0) settle whatever that first request pays for?
+        Condition("warmup", "the server's own start-up warmup on (--no-warmup left out)",
+                  drop_args=("--no-warmup",)),
     ]
     return {c.name: c for c in cs}
 
@@ -92,7 +99,7 @@ def conditions() -> dict[str, Condition]:
 ORDER: tuple[str, ...] = (
     "base:plain", "base:draft", "aslr:draft", "pin:draft", "nographs:draft", "threads4:draft",
     "load:draft", "cold:draft", "rt:draft", "aslr:plain", "pin:plain", "nographs:plain",
-    "threads4:plain", "load:plain", "cold:plain", "rt:plain",
+    "threads4:plain", "load:plain", "cold:plain", "rt:plain", "warmup:draft", "warmup:plain",
 )
 
 
@@ -113,6 +120,7 @@ def plan_text(*, cond: Condition, arm: str, server: str, models: Path, suite: Pa
     argv = [*cond.server_prefix, server, "-m", "{model}", "-a", SERVED_MODEL, "--host", "{host}",
             "--port", "{port}", "-np", "1", "--no-cache-prompt", "--no-warmup", "--metrics",
             "--seed", "0", "-c", "2048", "-ngl", "99"]
+    argv = [a for a in argv if a not in cond.drop_args]
     extra = list(cond.extra_args)
     if arm == "draft":
         extra += ["--spec-type", "draft-simple", "-md", str((models / "draft-f16.gguf").resolve()),
@@ -223,15 +231,31 @@ def _covariates(run_dir: Path, summary: Mapping[str, Any]) -> dict[str, Any]:
     return cov.model_dump(mode="json", by_alias=True) if cov is not None else {}
 
 
-def diagnostics(exps: Path, lines: Sequence[Mapping[str, Any]]) -> str:
-    """tokrecord's noise diagnostic of each A/A, one JSON line each, for the README."""
+def _session(d: Mapping[str, Any]) -> str:
+    return str(d.get("session", "1"))
+
+
+def _exp_dir(exps: Path, d: Mapping[str, Any]) -> Path:
+    """An A/A's evidence: under exps/SESSION/ when the sessions' tars were untarred apart."""
+    per_session = exps / _session(d) / d["experiment"]
+    return per_session if per_session.is_dir() else exps / d["experiment"]
+
+
+def diagnostics(exps: Path, lines: Sequence[Mapping[str, Any]],
+                known: Sequence[Mapping[str, Any]] = ()) -> str:
+    """tokrecord's noise diagnostic of each A/A, one JSON line each, for the README; an A/A
+    whose evidence is not at hand keeps its line from `known` (an earlier run's output)."""
+    kept = {(_session(k), k["condition"], k["arm"]): k for k in known}
     out = []
     for d in lines:
-        diag = _diagnostic(exps / d["experiment"])
+        key = (_session(d), d["condition"], d["arm"])
+        diag = _diagnostic(_exp_dir(exps, d))
         if diag is not None:
-            out.append(json.dumps({"condition": d["condition"], "arm": d["arm"],
+            out.append(json.dumps({"session": key[0], "condition": d["condition"], "arm": d["arm"],
                                    "diagnostic": diag.model_dump(mode="json", by_alias=True)},
                                   sort_keys=True))
+        elif key in kept:
+            out.append(json.dumps({**kept[key], "session": key[0]}, sort_keys=True))
     return "".join(line + "\n" for line in out)
 
 
@@ -390,34 +414,93 @@ def sd_ratio_interval(sd_ref: float, df_ref: int, sd: float, df: int,
             math.sqrt(ratio2 / float(f.ppf(a, df_ref, df))))
 
 
-def analyse(lines: Sequence[Mapping[str, Any]], exps: Path | None) -> str:
+def pooled_sd(items: Sequence[tuple[float, int]]) -> tuple[float, int]:
+    """(sd, df) pairs pooled: the root of the df-weighted mean variance, and the summed df."""
+    df = sum(d for _, d in items)
+    return math.sqrt(sum(sd * sd * d for sd, d in items) / df), df
+
+
+def bartlett_sds(items: Sequence[tuple[float, int]]) -> tuple[float, int, float]:
+    """Bartlett's test that several sds (each with its df) share one variance: (statistic,
+    df, p). scipy's `bartlett` wants the raw samples; the A/As give sds on a block-adjusted
+    df, so the statistic is computed from them (Bartlett 1937, with its correction)."""
+    from scipy.stats import chi2
+
+    k = len(items)
+    sp, n = pooled_sd(items)
+    t = n * math.log(sp * sp) - sum(d * math.log(sd * sd) for sd, d in items)
+    c = 1 + (sum(1 / d for _, d in items) - 1 / n) / (3 * (k - 1))
+    stat = t / c
+    return stat, k - 1, float(chi2.sf(stat, k - 1))
+
+
+def _covariate_cells(d: Mapping[str, Any], exps: Path | None,
+                     known: Mapping[tuple[str, str, str], Mapping[str, Any]]) -> tuple[str, str]:
+    diag: Any = None
+    if exps is not None and _exp_dir(exps, d).is_dir():
+        found = _diagnostic(_exp_dir(exps, d))
+        diag = found.model_dump(mode="json", by_alias=True) if found is not None else None
+    if diag is None:
+        diag = known.get((_session(d), d["condition"], d["arm"]), {}).get("diagnostic")
+    if not diag:
+        return "-", "-"
+    best = (f"{diag['best']} ({diag['best_r']:+.2f})"
+            if diag.get("best") is not None and diag.get("best_r") is not None else "-")
+    adj = f"{diag['adjacent_r']:+.2f}" if diag.get("adjacent_r") is not None else "-"
+    return best, adj
+
+
+def analyse(lines: Sequence[Mapping[str, Any]], exps: Path | None,
+            known: Sequence[Mapping[str, Any]] = ()) -> str:
     """The README's table: each A/A's leg sd with its chi-square interval, its ratio to
-    the same arm's baseline with the F interval, and (from the evidence, when given) the
-    covariate that tracks its legs best by tokrecord's own noise diagnostic."""
-    base = {d["arm"]: d for d in lines if d["condition"] == "base"}
-    out = ["| condition | arm | legs | mean tok/s | leg sd % (df) [95 % CI] | baseline / this "
-           "[95 % CI] | sd of leg figures % (df) [95 % CI] | row sd % | best covariate (r) | "
-           "adjacent legs r |", "|---|---|---|---|---|---|---|---|---|---|"]
+    the baseline of the same arm with the F interval, and the covariate that tracks its legs
+    best by tokrecord's own noise diagnostic (from the evidence, or from `known`: an earlier
+    diagnostics file, for A/As whose evidence was not kept).
+
+    The baseline is the same arm's baseline A/A of the same session (machine lease) when
+    there is one, else all sessions' baselines of that arm pooled: the noise level itself
+    moved between sessions, so a same-session reference is the fairer one."""
+    bases: dict[str, list[Mapping[str, Any]]] = {}
     for d in lines:
-        ref = base.get(d["arm"])
+        if d["condition"] == "base":
+            bases.setdefault(d["arm"], []).append(d)
+    cache = {(_session(k), k["condition"], k["arm"]): k for k in known}
+    out = ["| session | condition | arm | legs | mean tok/s | leg sd % (df) [95 % CI] | "
+           "baseline / this [95 % CI] | sd of leg figures % (df) [95 % CI] | row sd % | "
+           "best covariate (r) | adjacent legs r |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for d in lines:
         ratio = "-"
-        if ref is not None and ref is not d and d.get("sd_leg_pct"):
-            r, lo, hi = sd_ratio_interval(ref["sd_leg_pct"], ref["df_leg"], d["sd_leg_pct"],
-                                          d["df_leg"])
-            ratio = f"{r:.2f} [{lo:.2f}, {hi:.2f}]"
-        best, adj = "-", "-"
-        if exps is not None and (exps / d["experiment"]).is_dir():
-            diag = _diagnostic(exps / d["experiment"])
-            if diag is not None and diag.best is not None and diag.best_r is not None:
-                best = f"{diag.best} ({diag.best_r:+.2f})"
-            if diag is not None and diag.adjacent_r is not None:
-                adj = f"{diag.adjacent_r:+.2f}"
+        same = [b for b in bases.get(d["arm"], []) if _session(b) == _session(d)]
+        refs = same or bases.get(d["arm"], [])
+        if refs and d["condition"] != "base" and d.get("sd_leg_pct"):
+            ref_sd, ref_df = pooled_sd([(b["sd_leg_pct"], b["df_leg"]) for b in refs])
+            r, lo, hi = sd_ratio_interval(ref_sd, ref_df, d["sd_leg_pct"], d["df_leg"])
+            ratio = f"{r:.2f} [{lo:.2f}, {hi:.2f}]" + ("" if same else " (pooled baseline)")
+        best, adj = _covariate_cells(d, exps, cache)
         lo, hi = d["sd_leg_ci"]
         plo, phi = d["sd_plain_ci"]
-        out.append(f"| {d['condition']} | {d['arm']} | {d['n_legs']} | {d['mean_tok_s']:.0f} | "
+        out.append(f"| {_session(d)} | {d['condition']} | {d['arm']} | {d['n_legs']} | "
+                   f"{d['mean_tok_s']:.0f} | "
                    f"{d['sd_leg_pct']:.2f} ({d['df_leg']}) [{lo:.2f}, {hi:.2f}] | {ratio} | "
                    f"{d['sd_plain_pct']:.2f} ({d['df_plain']}) [{plo:.2f}, {phi:.2f}] | "
                    f"{d['sd_row_pct']:.2f} | {best} | {adj} |")
+    out.append("")
+    for arm in sorted({d["arm"] for d in lines}):
+        items = [(d["sd_leg_pct"], d["df_leg"]) for d in lines
+                 if d["arm"] == arm and d.get("sd_leg_pct")]
+        if len(items) >= 2:
+            stat, df, pval = bartlett_sds(items)
+            sp, n = pooled_sd(items)
+            lo, hi = sd_interval(sp, n)
+            out.append(f"- {arm}: {len(items)} A/As, pooled leg sd {sp:.2f} % (df {n}) "
+                       f"[{lo:.2f}, {hi:.2f}]; Bartlett's test of one common leg variance: "
+                       f"chi2 {stat:.1f} on {df} df, p = {pval:.3g}")
+        base_items = [(b["sd_leg_pct"], b["df_leg"]) for b in bases.get(arm, [])]
+        if len(base_items) == 2:
+            (s1, d1), (s2, d2) = base_items
+            r, lo, hi = sd_ratio_interval(max(s1, s2), d1, min(s1, s2), d2)
+            out.append(f"- {arm}: the two sessions' baselines, larger / smaller leg sd: "
+                       f"{r:.2f} [{lo:.2f}, {hi:.2f}]")
     return "\n".join(out) + "\n"
 
 
@@ -464,11 +547,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="the untarred noise-exps.tar.gz: adds each A/A's best covariate")
     an.add_argument("--diagnostics", type=Path, default=None,
                     help="with --exps: write each A/A's noise diagnostic here (JSON lines)")
+    an.add_argument("--known", type=Path, default=None,
+                    help="an earlier diagnostics file: the best covariate of A/As whose "
+                         "evidence is not at hand")
     args = p.parse_args(argv)
     if args.cmd == "analyse":
+        known = _jsonl(args.known) if args.known is not None else []
+        lines = _jsonl(args.jsonl)
         if args.diagnostics is not None and args.exps is not None:
-            args.diagnostics.write_text(diagnostics(args.exps, _jsonl(args.jsonl)))
-        sys.stdout.write(analyse(_jsonl(args.jsonl), args.exps))
+            text = diagnostics(args.exps, lines, known)
+            args.diagnostics.write_text(text)
+            known = [json.loads(line) for line in text.splitlines()]
+        sys.stdout.write(analyse(lines, args.exps, known))
         return 0
     if args.cmd == "run":
         return run_all(work=args.work, out=args.out, server=args.server, models=args.models,
