@@ -52,7 +52,7 @@ from tokrecord.experiment.runner import (
 )
 from tokrecord.experiment.sequential import SequentialAnalysis
 from tokrecord.experiment.stats import VerdictAnalysis
-from tokrecord.gates import GateResult
+from tokrecord.gates import TEACHER_EXACT, GateResult
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.metrics import Convention
 from tokrecord.record.build import build_record, finish
@@ -257,7 +257,7 @@ def _exit_if_invalid(results: dict[str, LegResult], *, teacher: bool = False) ->
     """Exit 3 after everything is written and printed when a leg is not valid. A teacher
     is the reference outputs: exactness against a teacher is not asked of it."""
     def blocks(g: GateResult) -> bool:
-        return g.blocks_validity and not (teacher and g.name == "teacher_exact")
+        return g.blocks_validity and not (teacher and g.name == TEACHER_EXACT)
 
     invalid = [name for name, r in results.items() if not r.valid and (
         not teacher or r.status != "complete" or any(blocks(g) for g in r.gates))]

@@ -35,7 +35,7 @@ from tokrecord import __version__
 from tokrecord.engines import FAKE_MODULE, EngineName, engine_for, infer_engine
 from tokrecord.engines.base import arg_value
 from tokrecord.evidence.redact import is_secret_env, redact_argv
-from tokrecord.gates import GateStatus
+from tokrecord.gates import SINGLE_ACTIVE_GENERATION, GateStatus
 from tokrecord.identity import SourceIdentity
 from tokrecord.record.schema import (
     AbbaRecord,
@@ -80,7 +80,7 @@ KEPT_HEADERS: Final = ("content-type", "date", "location", "retry-after", "x-rat
 BACKENDS: Final = {"nvml": "cuda", "amd-smi": "rocm", "rocm-smi": "rocm", "xpu-smi": "xpu"}
 DTYPES: Final = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
                  "bfloat16": "bf16"}
-SINGLE_ACTIVE: Final = "single_active_generation"  # the gate that proves a batch of one
+SINGLE_ACTIVE: Final = SINGLE_ACTIVE_GENERATION  # the gate that proves a batch of one
 
 
 # ------------------------------------------------------------------ command lines
