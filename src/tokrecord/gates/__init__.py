@@ -43,6 +43,7 @@ CLEANUP: Final = "cleanup"
 TREATMENT_ATTESTATION: Final = "treatment_attestation"
 IDLE_BEFORE: Final = "idle_before"
 IDLE_AFTER: Final = "idle_after"
+CLOCKS_STABLE: Final = "clocks_stable"
 
 
 class GateStatus(StrEnum):
@@ -744,6 +745,69 @@ def _idle(phase: str, name: str) -> Callable[[LegEvidence], GateResult | None]:
     return check
 
 
+# The most an accelerator's SM clock may fall below its own highest reading while rows
+# stream: 2 %, above one boost step (15 MHz of an H200's 1980, 0.8 %) so that a sample
+# taken mid-step does not fail, and below the between-leg noise that the verdict
+# already carries (leg sd 1.1-3.1 % on an H200, DESIGN.md), so a drop that passes
+# cannot move a headline by more than the noise does.
+CLOCK_DROP_MAX_PCT: Final = 2.0
+
+
+def clocks_stable(outcomes: Sequence[RowOutcome], samples: Sequence[Mapping[str, Any]]
+                  ) -> GateResult:
+    """Each accelerator's telemetry while rows stream (first request sent to last byte):
+    no throttle reason, and no SM clock more than CLOCK_DROP_MAX_PCT below its highest
+    reading. Not tested where no sample in that window has a clock (CPU only, telemetry
+    off, a probe that reads none)."""
+    name = CLOCKS_STABLE
+    window = (min((o.t_send_ns for o in outcomes), default=0),
+              max((o.t_end_ns for o in outcomes), default=-1))
+    devices: dict[str, list[Mapping[str, Any]]] = {}
+    for sample in samples:
+        if window[0] <= sample.get("t_ns", -1) <= window[1]:
+            for d in sample.get("devices") or ():
+                devices.setdefault(f"{d.get('backend')}:{d.get('index')}", []).append(d)
+    per_device: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    failed: set[str] = set()
+    for key, readings in devices.items():
+        clocks = [float(d["sm_clock_mhz"]) for d in readings
+                  if isinstance(d.get("sm_clock_mhz"), int | float) and d["sm_clock_mhz"] > 0]
+        if not clocks:
+            continue
+        told = [d["throttle_reasons"] for d in readings if isinstance(d.get("throttle_reasons"),
+                                                                    list | tuple)]
+        reasons = sorted({str(r) for found in told for r in found})
+        drop = round(100 * (1 - min(clocks) / max(clocks)), 3)
+        per_device[key] = {"samples": len(clocks), "sm_clock_mhz_min": min(clocks),
+                           "sm_clock_mhz_max": max(clocks), "drop_pct": drop,
+                           "throttle_reasons": reasons if told else None}
+        if reasons or drop > CLOCK_DROP_MAX_PCT:
+            failed.add(key)
+        if reasons:
+            problems.append(f"{key} reported {', '.join(reasons)} "
+                            f"in {sum(1 for t in told if t)} of {len(told)} samples")
+        if drop > CLOCK_DROP_MAX_PCT:
+            problems.append(f"{key}'s SM clock fell {drop:g} % ({max(clocks):g} to "
+                            f"{min(clocks):g} MHz), more than {CLOCK_DROP_MAX_PCT:g} %")
+    evidence: dict[str, Any] = {"drop_max_pct": CLOCK_DROP_MAX_PCT, "devices": per_device}
+    if not per_device:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
+                          evidence=evidence, reason="no accelerator clock was sampled while "
+                          "rows streamed (CPU only, telemetry off, or a probe without clocks)")
+    count = _fraction(len(per_device) - len(failed), len(per_device))
+    if problems:
+        return GateResult(name=name, status=GateStatus.FAIL, count=count, required=False,
+                          evidence=evidence, reason="; ".join(problems))
+    unknown = [k for k, v in per_device.items() if v["throttle_reasons"] is None]
+    note = (f"; {', '.join(unknown)} report{'s' if len(unknown) == 1 else ''} no throttle "
+            "reasons, so only the clock was checked") if unknown else ""
+    return GateResult(name=name, status=GateStatus.PASS, count=count, required=False,
+                      evidence=evidence,
+                      reason=f"no throttle reason and SM clocks within {CLOCK_DROP_MAX_PCT:g} "
+                      f"% of their highest while rows streamed{note}")
+
+
 GATES: Final[tuple[GateSpec, ...]] = (
     GateSpec(TEACHER_EXACT, "teacher exact",
              "every row's token ids equal the teacher's (the reference outputs)", True,
@@ -793,6 +857,9 @@ GATES: Final[tuple[GateSpec, ...]] = (
              _idle("before", IDLE_BEFORE)),
     GateSpec(IDLE_AFTER, "idle after", "the machine returned to idle after the server stopped",
              True, _idle("after", IDLE_AFTER)),
+    GateSpec(CLOCKS_STABLE, "clocks stable",
+             "no accelerator throttled or dropped its SM clock while rows streamed", False,
+             lambda ev: clocks_stable(ev.outcomes, ev.telemetry), since=3),
 )
 GATES_BY_NAME: Final = {g.name: g for g in GATES}
 # The version a leg's gates file is written with: that of the newest gate or revision.
