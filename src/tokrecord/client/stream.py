@@ -24,7 +24,7 @@ from tokrecord.client.limits import DEFAULT_LIMITS, RowLimitError, RowLimits
 from tokrecord.client.rawlog import HEADER, RAW_CHUNKED, RAW_PLAIN, RAW_READ, RawRow
 from tokrecord.client.sse import SSEDecoder
 from tokrecord.client.wire import Head, Wire, parse_head, request_bytes, wire_for
-from tokrecord.engines import ENGINES, CountSource, Endpoint, Engine, EngineName, StreamParser
+from tokrecord.engines import CountSource, Endpoint, Engine, StreamParser
 from tokrecord.errors import StreamError
 from tokrecord.metrics import Chunk
 from tokrecord.suite import SuiteRow
@@ -75,10 +75,11 @@ def build_body(
     model: str,
     row: SuiteRow,
     extra: Mapping[str, Any] | None = None,
-    engine: Engine | None = None,
+    *,
+    engine: Engine,
 ) -> dict[str, Any]:
-    """The request for one row in the engine's dialect (vLLM's when none is given)."""
-    return (engine or ENGINES[EngineName.VLLM]).build_body(endpoint, model, row, extra)
+    """The request for one row in the engine's dialect."""
+    return engine.build_body(endpoint, model, row, extra)
 
 
 def _transport_message(
@@ -217,7 +218,7 @@ def stream_row(
     sink: EventSink,
     on_tokens: Callable[[int, int], None] | None = None,
     epoch_ns: int = 0,
-    engine: Engine | None = None,
+    engine: Engine,
     raw_fd: int | None = None,
     limits: RowLimits = DEFAULT_LIMITS,
 ) -> RowTrace:
@@ -253,7 +254,7 @@ def stream_row(
         if event_name.endswith(_SEND_STARTED) and not sent:
             sent.append(time.perf_counter_ns())
 
-    dialect = engine or ENGINES[EngineName.VLLM]
+    dialect = engine
     path = dialect.path(endpoint)
     # The body is read raw (never decompressed), so no compression is offered. A
     # server that closes every streamed response's socket is told so, so that no row
@@ -555,8 +556,7 @@ def _trace(row_index: int, row: SuiteRow, t_send: int, t_end: int, chunks: list[
 
 
 def replay_row(
-    records: Sequence[Mapping[str, Any]], row: SuiteRow, endpoint: Endpoint,
-    engine: Engine | None = None,
+    records: Sequence[Mapping[str, Any]], row: SuiteRow, endpoint: Endpoint, engine: Engine,
 ) -> RowTrace:
     """Rebuild a row's trace from its raw events.jsonl records, re-parsing every
     payload exactly as the live client did; the recorded per-chunk token counts must
@@ -566,7 +566,7 @@ def replay_row(
     if request is None or end is None or not end.get("ok"):
         raise StreamError("events.jsonl: the row has no request or no successful end")
     row_index = int(request["row"])
-    parser = (engine or ENGINES[EngineName.VLLM]).parser(endpoint)
+    parser = engine.parser(endpoint)
     chunks: list[Chunk] = []
     events = 0
     for record in records:
@@ -594,13 +594,13 @@ class _ListSink:
         self.records.append(dict(record))
 
 
-def decode_raw_row(raw: RawRow, endpoint: Endpoint, engine: Engine | None = None
+def decode_raw_row(raw: RawRow, endpoint: Endpoint, engine: Engine
                    ) -> tuple[list[dict[str, Any]], bool, int, str | None]:
     """One row's events from its raw reads (rawlog), decoded exactly as the live client
     decodes them: the records, whether the stream was complete (its end arrived), the
     tokens received and, for a stream that is not, why."""
     sink = _ListSink()
-    parser = (engine or ENGINES[EngineName.VLLM]).parser(endpoint)
+    parser = engine.parser(endpoint)
     state = _RowDecoder(raw.row, f"row {raw.row}", parser, sink, None)
     if raw.chunked:
         state.chunked = ChunkedDecoder()

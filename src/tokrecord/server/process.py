@@ -27,7 +27,7 @@ import httpx
 import psutil
 from pydantic import BaseModel, ConfigDict
 
-from tokrecord.engines import ENGINES, Engine, EngineName
+from tokrecord.engines import Engine
 from tokrecord.errors import ConfigError, ServerError
 
 LOG_TAIL_LINES = 40
@@ -363,7 +363,7 @@ class ServerProcess:
         model: str | None = None,
         poll_s: float = 0.5,
         on_poll: Callable[[float], None] | None = None,
-        engine: Engine | None = None,
+        engine: Engine,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> float:
@@ -377,7 +377,7 @@ class ServerProcess:
         proc = self._proc
         if proc is None:
             raise ServerError("server was not started")
-        dialect = engine or ENGINES[EngineName.VLLM]
+        dialect = engine
         polls = 0
         t0 = clock()
         deadline = t0 + timeout_s
