@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import json
 import os
@@ -40,6 +39,7 @@ from tokrecord.evidence import WRITE_ERRNOS, evidence_error, read_json
 from tokrecord.evidence.safe import UnsafeEvidence, terminal_safe
 from tokrecord.evidence.safe import read_json as safe_read_json
 from tokrecord.evidence.seal import MANIFEST_NAME, load_or_create_key, seal, write_addendum
+from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.experiment.audit import audit_suite, judge_audit
 from tokrecord.experiment.leg import LegConfig, LegResult, run_leg, teacher_from_run
 from tokrecord.experiment.plan import Plan, load_plan
@@ -125,7 +125,7 @@ def _guard(func: Callable[P, None]) -> Callable[P, None]:
 
 
 def _default_out(kind: str) -> Path:
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = utc_stamp(Stamp.COMPACT)
     return Path("tokrecord-runs") / f"{kind}-{stamp}"
 
 

@@ -8,7 +8,6 @@ Whatever happens, the server is stopped and the run dir keeps what was received.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import os
 import platform
@@ -37,6 +36,7 @@ from tokrecord.engines import (
 from tokrecord.errors import StreamError, TokrecordError
 from tokrecord.evidence import JsonlWriter, RunDir, canonical_json, layout, read_jsonl
 from tokrecord.evidence.redact import redact_argv, redact_env
+from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.gates import (
     EXACTNESS_RULE,
     EXACTNESS_RULE_V1,
@@ -691,7 +691,7 @@ def teacher_from_run(
             f"{len(config.suite.rows)} rows completed"
         )
     return Teacher(
-        created_utc=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        created_utc=utc_stamp(Stamp.SECONDS),
         suite_name=config.suite.name,
         suite_sha256=config.suite.sha256,
         model=config.server.model,

@@ -24,7 +24,6 @@ import hashlib
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, Final
 from urllib.parse import quote, urlparse
 
@@ -35,6 +34,7 @@ from tokrecord import __version__
 from tokrecord.engines import FAKE_MODULE, EngineName, engine_for, infer_engine
 from tokrecord.engines.base import LaunchFacts, SpeculativeConfig
 from tokrecord.evidence.redact import is_secret_env, redact_argv
+from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.gates import SINGLE_ACTIVE_GENERATION, GateStatus
 from tokrecord.identity import SourceIdentity
 from tokrecord.record.schema import (
@@ -444,10 +444,6 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
 # --------------------------------------------------------------------------- HTTP
 
 
-def _utc() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def _json_schema_props(doc: Mapping[str, Any], path: str) -> tuple[tuple[str, ...] | None,
                                                                   tuple[str, ...] | None]:
     """Top-level properties and required names of ``POST path``'s JSON body, when declared."""
@@ -502,7 +498,7 @@ class LocalMaxxing:
         if key is not None:
             headers.update(key.header())
         url = self.base_url + path
-        utc = _utc()
+        utc = utc_stamp(Stamp.MICROSECONDS)
         try:
             response = self._client.request(method, path, content=body, headers=headers)
         except httpx.HTTPError as exc:
