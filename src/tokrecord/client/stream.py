@@ -254,17 +254,16 @@ def stream_row(
         if event_name.endswith(_SEND_STARTED) and not sent:
             sent.append(time.perf_counter_ns())
 
-    dialect = engine
-    path = dialect.path(endpoint)
+    path = engine.path(endpoint)
     # The body is read raw (never decompressed), so no compression is offered. A
     # server that closes every streamed response's socket is told so, so that no row
     # ever waits on a connection the server has already dropped.
     headers = {"Accept-Encoding": "identity"}
-    if dialect.close_after_stream:
+    if engine.close_after_stream:
         headers["Connection"] = "close"
     request = http.build_request("POST", path, json=dict(body), headers=headers,
                                  extensions={"trace": trace})
-    state = _RowDecoder(row_index, where, dialect.parser(endpoint), sink, on_tokens, limits,
+    state = _RowDecoder(row_index, where, engine.parser(endpoint), sink, on_tokens, limits,
                         row.max_tokens)
     stamps: list[int] = []
     reads: list[bytes] = []
@@ -300,7 +299,7 @@ def stream_row(
                 wire.close()  # its state is in doubt: the next row connects afresh
                 raise
             framed = head.chunked or head.content_length is not None
-            wire.done(head.keep_alive and framed and not dialect.close_after_stream)
+            wire.done(head.keep_alive and framed and not engine.close_after_stream)
         else:
             t_end = _stream_httpx(http, request, state, stamps, reads, epoch_ns, flush, where,
                                   path, raw, budget)

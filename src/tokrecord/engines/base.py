@@ -2,9 +2,9 @@
 
 An adapter holds one engine's knowledge: how to start it and tell that it is
 ready, the request dialect that makes the server count tokens per chunk, how to
-switch every cache off and prove it, its metric names, its version, and what it
-cannot report. Nothing here does I/O except `Engine.served_models`, which asks a
-running server through the client the caller passes in.
+switch every cache off and prove it, its metric names, its version, what its argv
+sets (`Engine.launch_facts`), and what it cannot report. Nothing here does I/O: the
+server's answers (its models list, its version) are handed in by the caller.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ class Engine:
 
     name: EngineName
     # Paths polled, in order, until each answers 200; the last one lists the served
-    # models when `models_path` is true.
+    # models when `models_listed` is true.
     ready_paths: tuple[str, ...] = ("/health", "/v1/models")
     models_listed: bool = True
     metrics: MetricNames = MetricNames()
@@ -222,7 +222,6 @@ class Engine:
     packages: tuple[str, ...] = ()
     # The engine's public upstream source repository (None: no single one).
     repository: str | None = None
-    # Substrings of an argv that name this engine (for inference when a plan omits it).
     # How an argv names this engine (for inference when a plan does not): a program
     # (a token's file name) or a Python module (`-m vllm.entrypoints...`).
     programs: tuple[str, ...] = ()
@@ -258,9 +257,12 @@ class Engine:
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """One row's request in this engine's dialect, asking for a token count on every
+        chunk; `extra` (the plan's request_extra) is merged over it."""
         raise NotImplementedError
 
     def parser(self, endpoint: Endpoint) -> StreamParser:
+        """A fresh parser for one row's stream from this endpoint."""
         raise NotImplementedError
 
     def default_endpoint(self) -> Endpoint:
@@ -323,7 +325,8 @@ class Engine:
         return next((x.reason for x in self.limitations if x.gate == gate), None)
 
     def served_models(self, payload: Any) -> set[str] | None:
-        """The model ids in the last ready path's answer (OpenAI's /v1/models form)."""
+        """The model ids in the last ready path's answer (OpenAI's /v1/models form), as
+        the caller fetched it; None when the answer is not that form."""
         if not isinstance(payload, dict):
             return None
         return {str(m.get("id")) for m in payload.get("data", []) if isinstance(m, dict)}

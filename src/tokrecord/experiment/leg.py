@@ -186,7 +186,7 @@ class LegStatus(StrEnum):
 
 
 class LegResult(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     schema_id: str = Field(default=SCHEMA_SUMMARY, alias="schema")
     name: str
@@ -223,8 +223,6 @@ class LegResult(BaseModel):
     # What was going on around the leg (probes.covariates): diagnosis, never a gate.
     # Absent from summaries written before issue 33.
     covariates: LegCovariates | None = None
-
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
 class LegObserver(Protocol):
