@@ -59,6 +59,7 @@ from bench.fidelity.truth import (
     truth_ttft_ms,
 )
 from bench.fidelity.vocab import ensure_tokenizer_dir
+from tokrecord.engines import ENGINES, EngineName
 from tokrecord.evidence import read_jsonl
 from tokrecord.server.process import ServerProcess, free_port
 from tokrecord.suite import load_suite
@@ -191,7 +192,7 @@ def run_one(tool: Tool, cell_key: str, cell: Cell, run: int, out: Path,
             server = ServerProcess(server_argv(server_kind, cell, server_log, str(port), where),
                                    port=port, log_path=workdir / "server.out", stop_grace_s=5)
             server.start()
-            server.wait_ready(30, model=FAKE_MODEL, poll_s=0.1)
+            server.wait_ready(30, model=FAKE_MODEL, poll_s=0.1, engine=ENGINES[EngineName.VLLM])
         job = Job(cell=cell, workdir=workdir, prompts=prompts, tokenizer_dir=tokenizer_dir,
                   server_log=server_log, port=port, placement=where, server=server_kind)
         report = tool.run(job)

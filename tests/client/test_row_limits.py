@@ -19,7 +19,10 @@ from tokrecord.client import Endpoint, build_body, stream_row
 from tokrecord.client.limits import RowLimitError, RowLimits
 from tokrecord.client.rawlog import read_raw
 from tokrecord.client.sse import SSEDecoder, SSEProtocolError
+from tokrecord.engines import ENGINES, EngineName
 from tokrecord.suite import SuiteRow
+
+VLLM = ENGINES[EngineName.VLLM]  # the fake server's default dialect
 
 HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n")
@@ -114,8 +117,8 @@ def stream(url: str, limits: RowLimits, raw: Path, max_tokens: int = 8,
         with (httpx.Client(base_url=url, timeout=600, transport=transport) as http,
               pytest.raises(RowLimitError) as info):
             stream_row(http, row_index=0, row=row,
-                       body=build_body(Endpoint.COMPLETIONS, "m", row),
-                       endpoint=Endpoint.COMPLETIONS, sink=sink, raw_fd=fd, limits=limits)
+                       body=build_body(Endpoint.COMPLETIONS, "m", row, engine=VLLM),
+                       endpoint=Endpoint.COMPLETIONS, sink=sink, raw_fd=fd, limits=limits, engine=VLLM)
     finally:
         os.close(fd)
     return sink, info.value
@@ -229,7 +232,7 @@ def test_a_kept_connection_does_not_carry_the_last_rows_short_wait(serve: Any) -
     row = SuiteRow(id="r0", prompt="p", max_tokens=8)
     with httpx.Client(base_url=server.url, timeout=1.5) as http:
         traces = [stream_row(http, row_index=i, row=row,
-                             body=build_body(Endpoint.COMPLETIONS, "m", row),
-                             endpoint=Endpoint.COMPLETIONS, sink=ListSink(), limits=limits)
+                             body=build_body(Endpoint.COMPLETIONS, "m", row, engine=VLLM),
+                             endpoint=Endpoint.COMPLETIONS, sink=ListSink(), limits=limits, engine=VLLM)
                   for i in range(2)]
     assert [t.n_tokens for t in traces] == [7, 1]

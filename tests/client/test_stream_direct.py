@@ -14,9 +14,12 @@ import pytest
 
 import tokrecord.client.wire as wire
 from tokrecord.client import Endpoint, build_body, stream_row
+from tokrecord.engines import ENGINES, EngineName
 from tokrecord.errors import StreamError
 from tokrecord.server.fake import FakeServer, FakeServerConfig, output_token_ids
 from tokrecord.suite import SuiteRow
+
+VLLM = ENGINES[EngineName.VLLM]  # the fake server's default dialect
 
 
 class ListSink:
@@ -61,8 +64,9 @@ def test_own_socket_keeps_the_connection(fake: FakeServer, local_ends: list[Any]
     sink = ListSink()
     with httpx.Client(base_url=fake.url, timeout=10) as http:
         traces = [
-            stream_row(http, row_index=i, row=row(i), body=build_body(Endpoint.COMPLETIONS, "m", row(i)),
-                       endpoint=Endpoint.COMPLETIONS, sink=sink)
+            stream_row(http, row_index=i, row=row(i),
+                       body=build_body(Endpoint.COMPLETIONS, "m", row(i), engine=VLLM),
+                       endpoint=Endpoint.COMPLETIONS, sink=sink, engine=VLLM)
             for i in range(3)
         ]
     # one connection for the three rows: the same local port every time
@@ -153,7 +157,8 @@ EVENTS = [sse([5], 1), sse([6, 7], 3), b"data: [DONE]\n\n"]
 def run(url: str, n: int = 1, timeout: float = 5.0) -> list[Any]:
     with httpx.Client(base_url=url, timeout=timeout) as http:
         return [stream_row(http, row_index=i, row=row(i, 3), body=build_body(
-            Endpoint.COMPLETIONS, "m", row(i, 3)), endpoint=Endpoint.COMPLETIONS, sink=ListSink())
+            Endpoint.COMPLETIONS, "m", row(i, 3), engine=VLLM), endpoint=Endpoint.COMPLETIONS,
+            sink=ListSink(), engine=VLLM)
             for i in range(n)]
 
 
@@ -268,12 +273,12 @@ def test_http_error_gives_its_body_and_the_next_row_works() -> None:
     sink = ListSink()
     try:
         with httpx.Client(base_url=server.url, timeout=5) as http:
-            body = build_body(Endpoint.COMPLETIONS, "m", row(0, 3))
+            body = build_body(Endpoint.COMPLETIONS, "m", row(0, 3), engine=VLLM)
             with pytest.raises(StreamError, match=r'HTTP 500 from /v1/completions: \{"error": "boom"\}'):
                 stream_row(http, row_index=0, row=row(0, 3), body=body,
-                           endpoint=Endpoint.COMPLETIONS, sink=sink)
+                           endpoint=Endpoint.COMPLETIONS, sink=sink, engine=VLLM)
             trace = stream_row(http, row_index=1, row=row(1, 3), body=body,
-                               endpoint=Endpoint.COMPLETIONS, sink=sink)
+                               endpoint=Endpoint.COMPLETIONS, sink=sink, engine=VLLM)
     finally:
         server.close()
     assert trace.token_ids == (5, 6, 7)
@@ -289,8 +294,8 @@ def test_a_mock_transport_goes_through_httpx() -> None:
     with httpx.Client(base_url="http://test", transport=httpx.MockTransport(handler)) as http:
         assert wire.wire_for(http) is None
         trace = stream_row(http, row_index=0, row=row(0, 3),
-                           body=build_body(Endpoint.COMPLETIONS, "m", row(0, 3)),
-                           endpoint=Endpoint.COMPLETIONS, sink=ListSink())
+                           body=build_body(Endpoint.COMPLETIONS, "m", row(0, 3), engine=VLLM),
+                           endpoint=Endpoint.COMPLETIONS, sink=ListSink(), engine=VLLM)
     assert trace.token_ids == (5, 6, 7)
 
 
@@ -311,8 +316,8 @@ def test_cut_body_keeps_what_arrived() -> None:
         with httpx.Client(base_url=server.url, timeout=5) as http, \
                 pytest.raises(StreamError, match="stream cut after 1 tokens"):
             stream_row(http, row_index=0, row=row(0, 3),
-                       body=build_body(Endpoint.COMPLETIONS, "m", row(0, 3)),
-                       endpoint=Endpoint.COMPLETIONS, sink=sink)
+                       body=build_body(Endpoint.COMPLETIONS, "m", row(0, 3), engine=VLLM),
+                       endpoint=Endpoint.COMPLETIONS, sink=sink, engine=VLLM)
     finally:
         server.close()
     assert [r["kind"] for r in sink.records] == ["request", "chunk", "end"]

@@ -44,7 +44,7 @@ def paced(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str,
                            port=port, log_path=tmp_path / "server.out", stop_grace_s=5)
     server.start()
     try:
-        server.wait_ready(30, model="tokrecord-fake", poll_s=0.05)
+        server.wait_ready(30, model="tokrecord-fake", poll_s=0.05, engine=ENGINES[EngineName.VLLM])
         yield server.base_url, log, cell
     finally:
         server.stop()

@@ -684,8 +684,21 @@ def test_first_valid_score() -> None:
     g = first_valid_score(1)
     assert g.name == "first_valid_score_is_reported_score"
     assert g.status is PASS and g.evidence == {"attempts": 1}
-    g = first_valid_score(3)
-    assert g.status is FAIL and g.reason == "3 attempts of this leg" and g.evidence == {"attempts": 3}
+    g = first_valid_score(3)  # two earlier attempts that the evidence does not show
+    assert g.status is FAIL and g.evidence == {"attempts": 3, "earlier": []}
+    assert g.reason == "attempt 3, but 0 earlier attempts are in the evidence"
+
+
+def test_first_valid_score_fails_when_an_earlier_attempt_completed() -> None:
+    """Issue 30: the gate always passed; a leg rerun after a complete attempt (a score
+    thrown away for a better one) must fail it."""
+    g = first_valid_score(2, ["complete"])
+    assert g.status is FAIL and g.blocks_validity
+    assert g.reason == "attempt 1 of this leg completed before this one: its score was replaced"
+    g = first_valid_score(3, ["interrupted", None])  # a clean stop, then a hard kill
+    assert g.status is PASS and g.evidence == {"attempts": 3, "earlier": ["interrupted", None]}
+    assert g.reason == "attempt 3 is the first to complete: the 2 before it were interrupted"
+    assert first_valid_score(2, ["interrupted", "complete"]).status is FAIL  # too many
 
 
 def test_cleanup_gate() -> None:

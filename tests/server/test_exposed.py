@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from probes_support import FAST_IDLE, FAST_TELEMETRY
+from tokrecord.engines import ENGINES, EngineName
 from tokrecord.experiment.leg import LegConfig, NullObserver, ServerSpec, run_leg
 from tokrecord.server import ServerProcess, free_port
 from tokrecord.suite import Suite, SuiteRow
@@ -20,7 +21,7 @@ def fake(host: str, port: int) -> list[str]:
 def test_a_server_on_every_interface_is_named(tmp_path: Path) -> None:
     port = free_port()
     with ServerProcess(fake("0.0.0.0", port), port=port, log_path=tmp_path / "a.log") as server:
-        server.wait_ready(30)
+        server.wait_ready(30, engine=ENGINES[EngineName.VLLM])
         listening = server.exposed()
     assert listening == [f"0.0.0.0:{port} (pid {server.pid})"]
 
@@ -28,7 +29,7 @@ def test_a_server_on_every_interface_is_named(tmp_path: Path) -> None:
 def test_a_server_on_loopback_is_not(tmp_path: Path) -> None:
     port = free_port()
     with ServerProcess(fake("127.0.0.1", port), port=port, log_path=tmp_path / "b.log") as server:
-        server.wait_ready(30)
+        server.wait_ready(30, engine=ENGINES[EngineName.VLLM])
         assert server.exposed() == []
 
 

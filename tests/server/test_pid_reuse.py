@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tokrecord.engines import ENGINES, EngineName
 from tokrecord.server import ServerProcess, free_port
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
@@ -60,7 +61,8 @@ def test_a_reused_pid_of_a_reaped_helper_is_not_killed(tmp_path: Path) -> None:
     stranger = None
     try:
         server.start()
-        server.wait_ready(30)  # records the server's family, the helper included
+        # Records the server's family, the helper included.
+        server.wait_ready(30, engine=ENGINES[EngineName.VLLM])
         helper = int(pid_file.read_text())
         os.kill(helper, 9)
         deadline = time.monotonic() + 10

@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from probes_support import FakeClock
+from tokrecord.engines import ENGINES, EngineName
 from tokrecord.errors import ConfigError, ServerError
 from tokrecord.server import ServerProcess, free_port, port_is_listening, render_argv
 
@@ -22,7 +23,7 @@ def test_ready_then_clean_stop(tmp_path: Path) -> None:
     port = free_port()
     server = ServerProcess(fake(port), port=port, log_path=tmp_path / "server.log")
     with server:
-        seconds = server.wait_ready(30, model="tokrecord-fake")
+        seconds = server.wait_ready(30, model="tokrecord-fake", engine=ENGINES[EngineName.VLLM])
         assert seconds < 30
         assert port_is_listening(port)
     report = server.cleanup
@@ -37,7 +38,7 @@ def test_early_exit_quotes_log_tail(tmp_path: Path) -> None:
     server = ServerProcess(fake(port, "--never-ready", "--exit-after-s", "0.5"), port=port,
                            log_path=tmp_path / "server.log")
     with server, pytest.raises(ServerError, match=r"exited with code 3[\s\S]*last lines"):
-        server.wait_ready(30)
+        server.wait_ready(30, engine=ENGINES[EngineName.VLLM])
     assert server.cleanup is not None and server.cleanup.exited_before_stop
 
 
@@ -46,7 +47,7 @@ def test_never_ready_times_out(tmp_path: Path) -> None:
     server = ServerProcess(fake(port, "--never-ready"), port=port, log_path=tmp_path / "s.log")
     clock = FakeClock()  # the 2 s pass on the fake clock: the polls are real, the wait is not
     with server, pytest.raises(ServerError, match="did not become ready within 2 s"):
-        server.wait_ready(2, clock=clock, sleep=clock.sleep)
+        server.wait_ready(2, clock=clock, sleep=clock.sleep, engine=ENGINES[EngineName.VLLM])
     assert 2 <= clock() < 3  # it stopped polling at the deadline, not long after
     assert server.cleanup is not None and server.cleanup.passed
 
@@ -55,7 +56,7 @@ def test_wrong_model_is_named(tmp_path: Path) -> None:
     port = free_port()
     with ServerProcess(fake(port), port=port, log_path=tmp_path / "s.log") as server, \
             pytest.raises(ServerError, match="does not serve model 'other'"):
-        server.wait_ready(30, model="other")
+        server.wait_ready(30, model="other", engine=ENGINES[EngineName.VLLM])
 
 
 def test_sigterm_ignored_is_killed_and_group_proven_empty(tmp_path: Path) -> None:
@@ -63,7 +64,7 @@ def test_sigterm_ignored_is_killed_and_group_proven_empty(tmp_path: Path) -> Non
     server = ServerProcess(fake(port, "--ignore-sigterm", "--spawn-child"), port=port,
                            log_path=tmp_path / "s.log", stop_grace_s=1.0)
     with server:
-        server.wait_ready(30)
+        server.wait_ready(30, engine=ENGINES[EngineName.VLLM])
         children = psutil.Process(server.pid).children(recursive=True)
         assert children, "fake server should have spawned a child"
     report = server.cleanup

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from paths import FIXTURES as FIXTURES_DIR
+from tokrecord.engines.base import arg_value
 from tokrecord.identity import Identity
 from tokrecord.record.schema import AbbaRecord, AnyRecord, SingleLegRecord, validate_record
 from tokrecord.submit import contract
@@ -25,7 +26,6 @@ from tokrecord.submit.facts import EngineTimings, RecordFacts, SubmitError, medi
 from tokrecord.submit.flow import compare
 from tokrecord.submit.localmaxxing import (
     LocalMaxxing,
-    arg_value,
     build_payload,
     detect_engine,
     quantization_from_argv,

@@ -20,7 +20,7 @@ from tokrecord.experiment.power import check_powerable, plan_noise, power_report
 from tokrecord.experiment.runner import plan_suite
 from tokrecord.suite import load_suite
 
-from . import _guard, app, err_console, out_console
+from .app import _guard, app, err_console, out_console
 
 
 class PlanCheckError(ConfigError):

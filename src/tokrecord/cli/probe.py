@@ -15,7 +15,7 @@ from tokrecord.errors import ConfigError
 from tokrecord.probes import Snapshot, detect
 from tokrecord.probes.idle import IdleCriteria, busy_reasons
 
-from . import _guard, _parse_kv, _validation_message, app, out_console
+from .app import _guard, _parse_kv, _validation_message, app, out_console
 
 GIB = 1024**3
 

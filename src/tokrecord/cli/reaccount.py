@@ -29,7 +29,7 @@ from tokrecord.record.reaccount import ADDENDUM_KIND, LegRows, Reaccounting, rea
 from tokrecord.record.schema import SingleLegRecord, load_record
 from tokrecord.record.verify import verify_dir
 
-from . import _guard, app, out_console
+from .app import _guard, app, out_console
 
 # A row-level difference, as verify names it: the replay of events.jsonl failed on a row
 # ("row 3"), or gave other figures than rows.json holds ("rows[3].metrics...").

@@ -18,7 +18,7 @@ from tokrecord.report import (
 )
 from tokrecord.report.browser import screenshot as take_screenshot
 
-from . import _guard, app, err_console, out_console
+from .app import _guard, app, err_console, out_console
 from .view import RichReportObserver
 
 

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from tokrecord.experiment.inventory import RunStatus, list_experiments, remove_experiment
 
-from . import _guard, app, out_console
+from .app import _guard, app, out_console
 
 _NEXT = {RunStatus.COMPLETE: "tokrecord report {path}",
          RunStatus.RUNNING: "(being run now)",

@@ -28,7 +28,7 @@ from tokrecord.submit.flow import (
 )
 from tokrecord.submit.lifecycle import Lifecycle
 
-from . import _guard, app, err_console, out_console
+from .app import _guard, app, err_console, out_console
 
 
 def _notify(message: str) -> None:

@@ -17,7 +17,7 @@ from rich.table import Table
 from tokrecord.errors import ConfigError
 from tokrecord.experiment.leg import LegResult, RowRecord
 from tokrecord.experiment.stats import RecordGate
-from tokrecord.gates import GateStatus
+from tokrecord.gates import GATES, TEACHER_EXACT, GateStatus
 from tokrecord.metrics.rows import ROW_FLAGS
 from tokrecord.probes import Snapshot
 from tokrecord.probes.idle import IdleCriteria, IdleResult
@@ -236,25 +236,7 @@ def print_leg(out: Console, err: Console, result: LegResult) -> None:
 _STATUS_STYLE: dict[str, str] = {GateStatus.PASS: "green", GateStatus.FAIL: "bold red",
                                  GateStatus.NOT_TESTED: "yellow", "n/t": "yellow"}
 # Short terminal labels; gates.json keeps the full names.
-_LABELS = {
-    "teacher_exact": "teacher exact",
-    "cached_tokens_zero": "cached tokens 0",
-    "full_output_then_next": "full then next",
-    "long_context_then_next": "long then next",
-    "rollover": "rollover",
-    "token_count_integrity": "token counts",
-    "fresh_unique_prompts": "fresh prompts",
-    "single_active_generation": "single active",
-    "no_warmup_generation": "no warmup",
-    "one_suite_invocation": "one invocation",
-    "zero_retries": "zero retries",
-    "first_valid_score_is_reported_score": "first score",
-    "cleanup": "cleanup",
-    "treatment_attestation": "attestation",
-    "cross_leg_exact": "cross-leg exact",
-    "idle_before": "idle before",
-    "idle_after": "idle after",
-}
+_LABELS = {g.name: g.label for g in GATES}
 
 
 def gates_table(result: LegResult) -> Table:
@@ -394,7 +376,7 @@ def _gates_matrix(record: AbbaRecord, legs: list[str]) -> Table:
     by_text = {name: _rows_by_text(runs[name]) for name in legs}
     for gate in [g for g in _LABELS if g in present] + [g for g in present if g not in _LABELS]:
         cells = [_gate_cell(runs[name].gates.get(gate), short) for name in legs]
-        if gate == "teacher_exact":  # "13/13" alone would claim ids where text was compared
+        if gate == TEACHER_EXACT:  # "13/13" alone would claim ids where text was compared
             cells = [c + "*" if by_text[name] else c for c, name in zip(cells, legs, strict=True)]
         matrix.add_row(_LABELS.get(gate, gate), *cells)
     if any(by_text.values()):

@@ -24,7 +24,7 @@ from tokrecord.client.limits import DEFAULT_LIMITS, RowLimitError, RowLimits
 from tokrecord.client.rawlog import HEADER, RAW_CHUNKED, RAW_PLAIN, RAW_READ, RawRow
 from tokrecord.client.sse import SSEDecoder
 from tokrecord.client.wire import Head, Wire, parse_head, request_bytes, wire_for
-from tokrecord.engines import ENGINES, CountSource, Endpoint, Engine, EngineName, StreamParser
+from tokrecord.engines import CountSource, Endpoint, Engine, StreamParser
 from tokrecord.errors import StreamError
 from tokrecord.metrics import Chunk
 from tokrecord.suite import SuiteRow
@@ -75,10 +75,11 @@ def build_body(
     model: str,
     row: SuiteRow,
     extra: Mapping[str, Any] | None = None,
-    engine: Engine | None = None,
+    *,
+    engine: Engine,
 ) -> dict[str, Any]:
-    """The request for one row in the engine's dialect (vLLM's when none is given)."""
-    return (engine or ENGINES[EngineName.VLLM]).build_body(endpoint, model, row, extra)
+    """The request for one row in the engine's dialect."""
+    return engine.build_body(endpoint, model, row, extra)
 
 
 def _transport_message(
@@ -217,7 +218,7 @@ def stream_row(
     sink: EventSink,
     on_tokens: Callable[[int, int], None] | None = None,
     epoch_ns: int = 0,
-    engine: Engine | None = None,
+    engine: Engine,
     raw_fd: int | None = None,
     limits: RowLimits = DEFAULT_LIMITS,
 ) -> RowTrace:
@@ -253,17 +254,16 @@ def stream_row(
         if event_name.endswith(_SEND_STARTED) and not sent:
             sent.append(time.perf_counter_ns())
 
-    dialect = engine or ENGINES[EngineName.VLLM]
-    path = dialect.path(endpoint)
+    path = engine.path(endpoint)
     # The body is read raw (never decompressed), so no compression is offered. A
     # server that closes every streamed response's socket is told so, so that no row
     # ever waits on a connection the server has already dropped.
     headers = {"Accept-Encoding": "identity"}
-    if dialect.close_after_stream:
+    if engine.close_after_stream:
         headers["Connection"] = "close"
     request = http.build_request("POST", path, json=dict(body), headers=headers,
                                  extensions={"trace": trace})
-    state = _RowDecoder(row_index, where, dialect.parser(endpoint), sink, on_tokens, limits,
+    state = _RowDecoder(row_index, where, engine.parser(endpoint), sink, on_tokens, limits,
                         row.max_tokens)
     stamps: list[int] = []
     reads: list[bytes] = []
@@ -299,7 +299,7 @@ def stream_row(
                 wire.close()  # its state is in doubt: the next row connects afresh
                 raise
             framed = head.chunked or head.content_length is not None
-            wire.done(head.keep_alive and framed and not dialect.close_after_stream)
+            wire.done(head.keep_alive and framed and not engine.close_after_stream)
         else:
             t_end = _stream_httpx(http, request, state, stamps, reads, epoch_ns, flush, where,
                                   path, raw, budget)
@@ -555,8 +555,7 @@ def _trace(row_index: int, row: SuiteRow, t_send: int, t_end: int, chunks: list[
 
 
 def replay_row(
-    records: Sequence[Mapping[str, Any]], row: SuiteRow, endpoint: Endpoint,
-    engine: Engine | None = None,
+    records: Sequence[Mapping[str, Any]], row: SuiteRow, endpoint: Endpoint, engine: Engine,
 ) -> RowTrace:
     """Rebuild a row's trace from its raw events.jsonl records, re-parsing every
     payload exactly as the live client did; the recorded per-chunk token counts must
@@ -566,7 +565,7 @@ def replay_row(
     if request is None or end is None or not end.get("ok"):
         raise StreamError("events.jsonl: the row has no request or no successful end")
     row_index = int(request["row"])
-    parser = (engine or ENGINES[EngineName.VLLM]).parser(endpoint)
+    parser = engine.parser(endpoint)
     chunks: list[Chunk] = []
     events = 0
     for record in records:
@@ -594,13 +593,13 @@ class _ListSink:
         self.records.append(dict(record))
 
 
-def decode_raw_row(raw: RawRow, endpoint: Endpoint, engine: Engine | None = None
+def decode_raw_row(raw: RawRow, endpoint: Endpoint, engine: Engine
                    ) -> tuple[list[dict[str, Any]], bool, int, str | None]:
     """One row's events from its raw reads (rawlog), decoded exactly as the live client
     decodes them: the records, whether the stream was complete (its end arrived), the
     tokens received and, for a stream that is not, why."""
     sink = _ListSink()
-    parser = (engine or ENGINES[EngineName.VLLM]).parser(endpoint)
+    parser = engine.parser(endpoint)
     state = _RowDecoder(raw.row, f"row {raw.row}", parser, sink, None)
     if raw.chunked:
         state.chunked = ChunkedDecoder()

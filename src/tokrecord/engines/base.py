@@ -2,9 +2,9 @@
 
 An adapter holds one engine's knowledge: how to start it and tell that it is
 ready, the request dialect that makes the server count tokens per chunk, how to
-switch every cache off and prove it, its metric names, its version, and what it
-cannot report. Nothing here does I/O except `Engine.served_models`, which asks a
-running server through the client the caller passes in.
+switch every cache off and prove it, its metric names, its version, what its argv
+sets (`Engine.launch_facts`), and what it cannot report. Nothing here does I/O: the
+server's answers (its models list, its version) are handed in by the caller.
 """
 
 from __future__ import annotations
@@ -139,6 +139,27 @@ class SpeculativeConfig(BaseModel):
     notes: tuple[str, ...] = ()
 
 
+class LaunchFacts(BaseModel):
+    """What a server's argv (and env) set explicitly, as its engine reads them. None: not
+    set there; an engine default is never assumed, since defaults change between
+    versions."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    quantization: str | None = None
+    quantization_source: str  # the flag it came from, or why there is none
+    prefix_caching: bool | None = None
+    tensor_parallel: int | None = None
+    context_length: int | None = None
+    kv_cache_dtype: str | None = None
+    speculative: SpeculativeConfig | None = None
+
+
+# --dtype values that mean unquantized weights, as the leaderboards name them.
+DTYPES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
+          "bfloat16": "bf16"}
+
+
 def arg_value(argv: Sequence[str], *names: str) -> str | None:
     """The value of the last ``--name value`` / ``--name=value`` in argv (argparse semantics)."""
     found: str | None = None
@@ -149,6 +170,10 @@ def arg_value(argv: Sequence[str], *names: str) -> str | None:
             elif token.startswith(name + "="):
                 found = token[len(name) + 1:]
     return found
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
 
 
 def int_arg(argv: Sequence[str], *names: str) -> int | None:
@@ -169,7 +194,7 @@ class Engine:
 
     name: EngineName
     # Paths polled, in order, until each answers 200; the last one lists the served
-    # models when `models_path` is true.
+    # models when `models_listed` is true.
     ready_paths: tuple[str, ...] = ("/health", "/v1/models")
     models_listed: bool = True
     metrics: MetricNames = MetricNames()
@@ -197,7 +222,6 @@ class Engine:
     packages: tuple[str, ...] = ()
     # The engine's public upstream source repository (None: no single one).
     repository: str | None = None
-    # Substrings of an argv that name this engine (for inference when a plan omits it).
     # How an argv names this engine (for inference when a plan does not): a program
     # (a token's file name) or a Python module (`-m vllm.entrypoints...`).
     programs: tuple[str, ...] = ()
@@ -233,9 +257,12 @@ class Engine:
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """One row's request in this engine's dialect, asking for a token count on every
+        chunk; `extra` (the plan's request_extra) is merged over it."""
         raise NotImplementedError
 
     def parser(self, endpoint: Endpoint) -> StreamParser:
+        """A fresh parser for one row's stream from this endpoint."""
         raise NotImplementedError
 
     def default_endpoint(self) -> Endpoint:
@@ -245,11 +272,61 @@ class Engine:
         """Speculative decoding configured in the server's argv; None: not configured."""
         return None
 
+    # The flags that set each launch fact. The defaults are the union over the engines
+    # tokrecord knows, for a server it cannot name; an adapter keeps its own.
+    quantization_flags: tuple[str, ...] = ("--quantization", "-q")
+    dtype_flags: tuple[str, ...] = ("--dtype",)
+    parallel_flags: tuple[str, ...] = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
+    context_flags: tuple[str, ...] = ("--max-model-len", "--context-length", "--ctx-size", "-c")
+    kv_dtype_flags: tuple[str, ...] = ("--kv-cache-dtype",)
+    kv_k_flags: tuple[str, ...] = ("--cache-type-k", "-ctk")
+    kv_v_flags: tuple[str, ...] = ("--cache-type-v", "-ctv")
+    prefix_off_flags: tuple[str, ...] = ("--no-enable-prefix-caching", "--disable-radix-cache")
+    prefix_on_flags: tuple[str, ...] = ("--enable-prefix-caching",)
+
+    def launch_facts(self, argv: Sequence[str], env: Mapping[str, str]) -> LaunchFacts:
+        """Quantisation, prefix caching, parallelism, context length, KV dtype and
+        speculative settings as this engine reads its argv. `env` is for an engine that
+        takes them from its environment; none of the four does yet."""
+        del env
+        quant, source = self._quantization(argv)
+        tp = arg_value(argv, *self.parallel_flags) if self.parallel_flags else None
+        context = arg_value(argv, *self.context_flags) if self.context_flags else None
+        prefix = (False if any(f in argv for f in self.prefix_off_flags) else
+                  True if any(f in argv for f in self.prefix_on_flags) else None)
+        return LaunchFacts(
+            quantization=quant, quantization_source=source, prefix_caching=prefix,
+            tensor_parallel=_int_or_none(tp),
+            context_length=_int_or_none(context), kv_cache_dtype=self._kv_dtype(argv),
+            speculative=self.speculative(argv))
+
+    def _quantization(self, argv: Sequence[str]) -> tuple[str | None, str]:
+        # An explicit --quantization wins over --dtype.
+        method = arg_value(argv, *self.quantization_flags) if self.quantization_flags else None
+        if method:
+            return method, f"--quantization {method}"
+        dtype = arg_value(argv, *self.dtype_flags) if self.dtype_flags else None
+        if dtype and dtype.lower() in DTYPES:
+            return DTYPES[dtype.lower()], f"--dtype {dtype} (unquantized weights)"
+        return None, (f"--dtype {dtype}" if dtype else
+                      "no --quantization or --dtype in the server argv")
+
+    def _kv_dtype(self, argv: Sequence[str]) -> str | None:
+        value = arg_value(argv, *self.kv_dtype_flags) if self.kv_dtype_flags else None
+        if value:
+            return value
+        k = arg_value(argv, *self.kv_k_flags) if self.kv_k_flags else None
+        v = arg_value(argv, *self.kv_v_flags) if self.kv_v_flags else None
+        if k and v and k != v:
+            return f"k:{k},v:{v}"
+        return k or v
+
     def limitation(self, gate: str) -> str | None:
         return next((x.reason for x in self.limitations if x.gate == gate), None)
 
     def served_models(self, payload: Any) -> set[str] | None:
-        """The model ids in the last ready path's answer (OpenAI's /v1/models form)."""
+        """The model ids in the last ready path's answer (OpenAI's /v1/models form), as
+        the caller fetched it; None when the answer is not that form."""
         if not isinstance(payload, dict):
             return None
         return {str(m.get("id")) for m in payload.get("data", []) if isinstance(m, dict)}

@@ -142,6 +142,13 @@ class LlamaCppEngine(Engine):
     # Its log prefixes each line with a time and a level letter; E is an error. The first
     # one is the cause ("failed to open GGUF file ..."); xllamacpp's traceback comes after.
     error_line = re.compile(r"^\s*\d+\.\d+\.\d+\.\d+ E ")
+    # Its weights' type is the GGUF file's (submit reads it from the model), and it has
+    # no tensor-parallel count: -sm/-ts split layers or rows, not a TP degree.
+    quantization_flags = dtype_flags = parallel_flags = kv_dtype_flags = ()
+    context_flags = ("--ctx-size", "-c")
+    # --no-cache-prompt is not read (yet): reading it would add prefixCaching to the
+    # payloads of records already made, which issue 30 keeps byte-identical.
+    prefix_off_flags = prefix_on_flags = ()
 
     def speculative(self, argv: Sequence[str]) -> SpeculativeConfig | None:
         kinds = [k for k in (arg_value(argv, "--spec-type") or "").split(",") if k and k != "none"]

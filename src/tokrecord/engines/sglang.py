@@ -174,6 +174,11 @@ class SglangEngine(Engine):
     native_path = "/generate"
     version_path = "/server_info"
     version_keys = ("version",)
+    parallel_flags = ("--tp-size", "--tp")
+    context_flags = ("--context-length",)
+    kv_k_flags = kv_v_flags = ()
+    prefix_off_flags = ("--disable-radix-cache",)
+    prefix_on_flags = ()
 
     def speculative(self, argv: Sequence[str]) -> SpeculativeConfig | None:
         algorithm = arg_value(argv, "--speculative-algorithm")

@@ -54,6 +54,10 @@ class VllmEngine(Engine):
     generation_line = VLLM_GENERATION_LINE
     version_path = "/version"
     log_facts = VLLM_LOG_FACTS
+    parallel_flags = ("--tensor-parallel-size", "-tp")
+    context_flags = ("--max-model-len",)
+    kv_k_flags = kv_v_flags = ()
+    prefix_off_flags = ("--no-enable-prefix-caching",)
 
     def speculative(self, argv: Sequence[str]) -> SpeculativeConfig | None:
         raw = arg_value(argv, "--speculative-config", "--speculative_config")

@@ -35,7 +35,6 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tokrecord.errors import TokrecordError
 from tokrecord.evidence import safe, write_exclusive
+from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.identity.hashing import manifest_text, sha256_file
 
 MANIFEST_NAME = "manifest.sha256"
@@ -358,10 +358,6 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(type_bytes), type_bytes, len(payload), payload)
 
 
-def _utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def sign_manifest(directory: Path, key: SigningKey) -> Path:
     """Write ``manifest.sig.json``: a DSSE envelope over an in-toto statement of the manifest."""
     manifest_bytes = (directory / MANIFEST_NAME).read_bytes()
@@ -376,7 +372,7 @@ def sign_manifest(directory: Path, key: SigningKey) -> Path:
             "manifest_sha256": _sha256(manifest_bytes),
             "public_key": key.public_key_pem,
             "fingerprint": key.fingerprint,
-            "sealed_utc": _utc_now(),
+            "sealed_utc": utc_stamp(Stamp.SECONDS),
         },
     }
     # RFC 8785 so that a statement has exactly one byte form: anyone re-deriving
@@ -750,7 +746,7 @@ def write_addendum(
         "schema": ADDENDUM_SCHEMA,
         "kind": kind,
         "parent_manifest_sha256": _sha256(parent_manifest),
-        "created_utc": _utc_now(),
+        "created_utc": utc_stamp(Stamp.SECONDS),
         "payload": payload,
     }
     # Serialise before creating anything, so a payload RFC 8785 refuses (NaN,

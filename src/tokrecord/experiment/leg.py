@@ -8,7 +8,6 @@ Whatever happens, the server is stopped and the run dir keeps what was received.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import os
 import platform
@@ -37,26 +36,19 @@ from tokrecord.engines import (
 from tokrecord.errors import StreamError, TokrecordError
 from tokrecord.evidence import JsonlWriter, RunDir, canonical_json, layout, read_jsonl
 from tokrecord.evidence.redact import redact_argv, redact_env
+from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.gates import (
     EXACTNESS_RULE,
     EXACTNESS_RULE_V1,
+    GATES_VERSION,
+    SCHEMA_GATES_PREFIX,
     GateConfig,
     GateResult,
     GateStatus,
+    LegEvidence,
     RowOutcome,
-    cached_tokens_zero,
-    cleanup_gate,
-    exactness,
-    first_valid_score,
-    full_output_then_next,
-    idle_gate,
+    evaluate,
     leg_valid,
-    long_context_then_next,
-    request_log_gates,
-    rollover,
-    teacher_exact,
-    token_count_integrity,
-    treatment_attestation,
 )
 from tokrecord.gates.teacher import Teacher, TeacherRow
 from tokrecord.metrics import (
@@ -103,7 +95,8 @@ SCHEMA_SUMMARY = "tokrecord.leg-summary/v1"
 # the rule it was sealed with.
 SCHEMA_ROWS = "tokrecord.leg-rows/v2"
 SCHEMA_CONFIG = "tokrecord.leg-config/v1"
-SCHEMA_GATES = "tokrecord.leg-gates/v2"
+# Gates v3: first_valid_score looks at the earlier attempts (gates.GATES_VERSION).
+SCHEMA_GATES = f"{SCHEMA_GATES_PREFIX}{GATES_VERSION}"
 SCHEMA_GATES_V1 = "tokrecord.leg-gates/v1"
 SCHEMA_ROWS_V1 = "tokrecord.leg-rows/v1"
 # Every recorded time comes from this clock; config.json and the record name it.
@@ -193,7 +186,7 @@ class LegStatus(StrEnum):
 
 
 class LegResult(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     schema_id: str = Field(default=SCHEMA_SUMMARY, alias="schema")
     name: str
@@ -230,8 +223,6 @@ class LegResult(BaseModel):
     # What was going on around the leg (probes.covariates): diagnosis, never a gate.
     # Absent from summaries written before issue 33.
     covariates: LegCovariates | None = None
-
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
 class LegObserver(Protocol):
@@ -567,6 +558,7 @@ def _write_results(run: RunDir, config: LegConfig, st: _LegState,
         records, config, engine, cleanup, teacher,
         requests=[e for e in read_jsonl(run.file(layout.EVENTS)) if e["kind"] == "request"],
         metrics_before=st.before, server_log=server_log, idle=idle,
+        earlier_attempts=earlier_attempts(run.path), telemetry=samples,
     )
     valid, invalid = leg_valid(gates)
     if st.status != "complete":
@@ -627,34 +619,39 @@ def evaluate_gates(
     server_log: str,
     idle: Mapping[str, IdleResult | None] | None,
     rule: int = EXACTNESS_RULE,
+    version: int = 0,
+    earlier_attempts: tuple[str | None, ...] = (),
+    telemetry: list[dict[str, Any]] | None = None,
 ) -> list[GateResult]:
-    """Every quality gate of one leg, from what the leg recorded. `idle` None: the
-    evidence predates idle gates (verifying an older record), so there are none.
-    `rule`: the teacher-exact rule the leg's gates were written with (gates_rule)."""
-    rows = outcomes(records, config)
-    exact = exactness(rows, teacher, rule)
+    """Every quality gate of one leg, from what the leg recorded (the registry,
+    gates.GATES, says which). `idle` None: the evidence predates idle gates (verifying
+    an older record), so there are none. `rule`: the teacher-exact rule the leg's gates
+    were written with (gates_rule); `version`: their file's version (0: current)."""
     adapter = config.adapter
-    gates = [
-        teacher_exact(rows, teacher, rule),
-        cached_tokens_zero(rows, engine.prefix_cache_hits if engine else None,
-                           engine.prefix_cache_queries if engine else None,
-                           hint=adapter.cached_tokens_hint),
-        full_output_then_next(rows, exact),
-        long_context_then_next(rows, exact, config.gates.long_context_threshold),
-        rollover(rows, exact, config.gates.rollover_boundary),
-        token_count_integrity(rows),
-        *request_log_gates(rows, requests, len(config.suite.rows), metrics_before, server_log,
-                           generation_counters=adapter.metrics.generation,
-                           generation_line=adapter.generation_line),
-        first_valid_score(1),
-        cleanup_gate(cleanup.passed if cleanup else None,
-                     cleanup.surviving_workers if cleanup else None,
-                     cleanup.port_listening_after if cleanup else None),
-        treatment_attestation(config.gates.log_rules, server_log),
-        *([] if idle is None else [idle_gate("idle_before", idle.get("before")),
-                                   idle_gate("idle_after", idle.get("after"))]),
-    ]
-    return [_engine_limits(g, adapter) for g in gates]
+    evidence = LegEvidence(
+        outcomes=tuple(outcomes(records, config)), teacher=teacher, config=config.gates,
+        planned_rows=len(config.suite.rows), requests=tuple(requests),
+        metrics_before=metrics_before, server_log=server_log,
+        prefix_cache_hits=engine.prefix_cache_hits if engine else None,
+        prefix_cache_queries=engine.prefix_cache_queries if engine else None,
+        cached_tokens_hint=adapter.cached_tokens_hint,
+        generation_counters=adapter.metrics.generation, generation_line=adapter.generation_line,
+        cleanup_passed=cleanup.passed if cleanup else None,
+        surviving_workers=cleanup.surviving_workers if cleanup else None,
+        port_listening_after=cleanup.port_listening_after if cleanup else None,
+        idle=idle, attempt=config.attempt, earlier_attempts=earlier_attempts,
+        telemetry=tuple(telemetry or ()), rule=rule, version=version)
+    return [_engine_limits(g, adapter) for g in evaluate(evidence)]
+
+
+def earlier_attempts(run_dir: Path) -> tuple[str | None, ...]:
+    """The recorded status of each attempt of this leg before `run_dir` (none for a
+    run directory that is not an `attempt-N`)."""
+    n = layout.attempt_number(run_dir)
+    if n is None:
+        return ()
+    return tuple(layout.summary_status(p) for p in layout.attempts(run_dir.parent)
+                 if (layout.attempt_number(p) or 0) < n)
 
 
 def _engine_limits(gate: GateResult, engine: Engine) -> GateResult:
@@ -692,7 +689,7 @@ def teacher_from_run(
             f"{len(config.suite.rows)} rows completed"
         )
     return Teacher(
-        created_utc=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        created_utc=utc_stamp(Stamp.SECONDS),
         suite_name=config.suite.name,
         suite_sha256=config.suite.sha256,
         model=config.server.model,

@@ -21,7 +21,6 @@ and names every torn JSONL line in the state log.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import fcntl
 import functools
 import hashlib
@@ -49,6 +48,7 @@ from tokrecord.evidence import (
     write_exclusive,
 )
 from tokrecord.evidence.seal import SIGNATURE_NAME
+from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.experiment.components import check_components, copy_components
 from tokrecord.experiment.interim import analysis_legs, leg_figures, sequential_analysis
 from tokrecord.experiment.leg import (
@@ -150,7 +150,7 @@ class _State:
     def _write(self, fields: dict[str, Any]) -> None:
         # Wall time for people; the monotonic clock (and the boot it counts from) for
         # durations, which a wall-clock jump must not move.
-        record = {**fields, "utc": _utc(), "unix": time.time(),
+        record = {**fields, "utc": utc_stamp(Stamp.MICROSECONDS), "unix": time.time(),
                   "monotonic_ns": time.monotonic_ns(), "boot_id": _boot_id()}
         self._write_line(canonical_json(record) + b"\n")
         self.events.append(record)
@@ -189,10 +189,6 @@ def _written(exc: OSError, path: Path) -> TokrecordError | OSError:
             exc.filename = str(path)
         return evidence_error(exc)
     return exc
-
-
-def _utc() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _complete(leg_dir: Path) -> LegResult | None:

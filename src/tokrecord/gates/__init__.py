@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import Any, Final, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,6 +24,26 @@ from tokrecord.gates.teacher import Teacher, TeacherRow
 from tokrecord.probes.idle import IdleResult
 
 CONTEXT_TOKENS = 4  # tokens shown on each side of a divergence
+
+# Every gate's name: the one place they are spelled (GATES below is the registry).
+TEACHER_EXACT: Final = "teacher_exact"
+CROSS_LEG_EXACT: Final = "cross_leg_exact"
+CACHED_TOKENS_ZERO: Final = "cached_tokens_zero"
+FULL_OUTPUT_THEN_NEXT: Final = "full_output_then_next"
+LONG_CONTEXT_THEN_NEXT: Final = "long_context_then_next"
+ROLLOVER: Final = "rollover"
+TOKEN_COUNT_INTEGRITY: Final = "token_count_integrity"
+FRESH_UNIQUE_PROMPTS: Final = "fresh_unique_prompts"
+SINGLE_ACTIVE_GENERATION: Final = "single_active_generation"
+NO_WARMUP_GENERATION: Final = "no_warmup_generation"
+ONE_SUITE_INVOCATION: Final = "one_suite_invocation"
+ZERO_RETRIES: Final = "zero_retries"
+FIRST_VALID_SCORE: Final = "first_valid_score_is_reported_score"
+CLEANUP: Final = "cleanup"
+TREATMENT_ATTESTATION: Final = "treatment_attestation"
+IDLE_BEFORE: Final = "idle_before"
+IDLE_AFTER: Final = "idle_after"
+CLOCKS_STABLE: Final = "clocks_stable"
 
 
 class GateStatus(StrEnum):
@@ -243,7 +265,7 @@ def exactness(outcomes: Sequence[RowOutcome], teacher: Teacher | None,
 
 def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None,
                   rule: int = EXACTNESS_RULE) -> GateResult:
-    name = "teacher_exact"
+    name = TEACHER_EXACT
     if teacher is None:
         return GateResult(name=name, status=GateStatus.NOT_TESTED,
                           reason="no teacher given (tokrecord teacher, then --teacher FILE)")
@@ -326,7 +348,7 @@ def output_divergence(a: RowOutcome, b: RowOutcome
 
 
 def cross_leg_exact(legs: Mapping[str, Sequence[RowOutcome]]) -> GateResult:
-    name = "cross_leg_exact"
+    name = CROSS_LEG_EXACT
     if len(legs) < 2:
         return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
                           reason="fewer than two legs")
@@ -353,7 +375,7 @@ def cached_tokens_zero(
     outcomes: Sequence[RowOutcome], prefix_hits: int | None, prefix_queries: int | None,
     hint: str = VLLM_CACHED_HINT,
 ) -> GateResult:
-    name = "cached_tokens_zero"
+    name = CACHED_TOKENS_ZERO
     reported = [o for o in outcomes if o.cached_tokens is not None]
     nonzero = [o.row for o in reported if o.cached_tokens]
     evidence = {"rows_reported": len(reported), "rows_nonzero": nonzero,
@@ -385,7 +407,7 @@ def _full(o: RowOutcome) -> bool:
 
 
 def full_output_then_next(outcomes: Sequence[RowOutcome], exact: Mapping[int, bool]) -> GateResult:
-    name = "full_output_then_next"
+    name = FULL_OUTPUT_THEN_NEXT
     pairs = [(o.row, outcomes[i + 1].row) for i, o in enumerate(outcomes[:-1]) if _full(o)]
     if not exact:
         return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
@@ -404,7 +426,7 @@ def full_output_then_next(outcomes: Sequence[RowOutcome], exact: Mapping[int, bo
 def long_context_then_next(
     outcomes: Sequence[RowOutcome], exact: Mapping[int, bool], threshold: int
 ) -> GateResult:
-    name = "long_context_then_next"
+    name = LONG_CONTEXT_THEN_NEXT
     sized = [o for o in outcomes if o.prompt_tokens is not None]
     if not sized:
         return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
@@ -440,7 +462,7 @@ def long_context_then_next(
 def rollover(
     outcomes: Sequence[RowOutcome], exact: Mapping[int, bool], boundary: int | None
 ) -> GateResult:
-    name = "rollover"
+    name = ROLLOVER
     if boundary is None:
         return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
                           reason="no boundary declared (sliding window, block size)")
@@ -463,7 +485,7 @@ def rollover(
 
 
 def token_count_integrity(outcomes: Sequence[RowOutcome]) -> GateResult:
-    name = "token_count_integrity"
+    name = TOKEN_COUNT_INTEGRITY
     unreported = [o.row for o in outcomes if o.completion_tokens is None]
     if unreported:
         return GateResult(name=name, status=GateStatus.NOT_TESTED,
@@ -510,7 +532,7 @@ def request_log_gates(
 
     dupes = len(hashes) - len(set(hashes))
     gates.append(GateResult(
-        name="fresh_unique_prompts", status=GateStatus.FAIL if dupes else GateStatus.PASS,
+        name=FRESH_UNIQUE_PROMPTS, status=GateStatus.FAIL if dupes else GateStatus.PASS,
         count=_fraction(len(set(hashes)), len(hashes)),
         reason=f"{dupes} repeated prompts" if dupes else
         "every prompt unique, each sent once to a server started for this leg",
@@ -520,7 +542,7 @@ def request_log_gates(
         (a.row, b.row) for a, b in itertools.pairwise(outcomes) if b.t_send_ns < a.t_end_ns
     ]
     gates.append(GateResult(
-        name="single_active_generation", status=GateStatus.FAIL if overlaps else GateStatus.PASS,
+        name=SINGLE_ACTIVE_GENERATION, status=GateStatus.FAIL if overlaps else GateStatus.PASS,
         reason=f"requests overlapped: {overlaps}" if overlaps else
         "each request was sent after the previous stream ended",
         evidence={"overlaps": overlaps}))
@@ -540,7 +562,7 @@ def request_log_gates(
         problems.append(f"the server log shows {logged} generation requests, the harness sent "
                         f"{len(requests)}")
     gates.append(GateResult(
-        name="no_warmup_generation", status=GateStatus.FAIL if problems else GateStatus.PASS,
+        name=NO_WARMUP_GENERATION, status=GateStatus.FAIL if problems else GateStatus.PASS,
         reason="; ".join(problems) or "the first request the server received was row 0"
         + (" (its generation counters were 0 before it)" if "server_counters_before_suite"
            in evidence else ""),
@@ -548,7 +570,7 @@ def request_log_gates(
 
     in_order = rows_requested == list(range(len(rows_requested)))
     gates.append(GateResult(
-        name="one_suite_invocation", status=GateStatus.PASS if in_order else GateStatus.FAIL,
+        name=ONE_SUITE_INVOCATION, status=GateStatus.PASS if in_order else GateStatus.FAIL,
         count=str(1 if in_order else 0),
         reason="rows requested once each, in suite order" if in_order else
         f"rows requested out of order or repeated: {rows_requested}",
@@ -556,26 +578,42 @@ def request_log_gates(
 
     retries = len(rows_requested) - len(set(rows_requested))
     gates.append(GateResult(
-        name="zero_retries", status=GateStatus.FAIL if retries else GateStatus.PASS,
+        name=ZERO_RETRIES, status=GateStatus.FAIL if retries else GateStatus.PASS,
         count=str(retries), reason=f"{retries} rows were requested again" if retries
         else "no row was requested twice", evidence={}))
     return gates
 
 
-def first_valid_score(leg_attempts: int) -> GateResult:
-    ok = leg_attempts == 1
-    return GateResult(
-        name="first_valid_score_is_reported_score", status=GateStatus.PASS if ok else GateStatus.FAIL,
-        reason="this leg's first and only run is the reported one" if ok
-        else f"{leg_attempts} attempts of this leg", evidence={"attempts": leg_attempts})
+def first_valid_score(attempt: int, earlier: Sequence[str | None] = ()) -> GateResult:
+    """The reported attempt is the leg's first to score: attempt N passes only when the
+    N-1 attempts before it are all there and none of them completed (a complete one had
+    a score that this one would replace). `earlier`: each earlier attempt's recorded
+    status, None where it has no summary (killed)."""
+    if attempt == 1 and not earlier:
+        return GateResult(name=FIRST_VALID_SCORE, status=GateStatus.PASS,
+                          reason="this leg's first and only run is the reported one",
+                          evidence={"attempts": 1})
+    evidence: dict[str, Any] = {"attempts": attempt, "earlier": list(earlier)}
+    scored = [i + 1 for i, status in enumerate(earlier) if status == "complete"]
+    if len(earlier) != attempt - 1:
+        reason = f"attempt {attempt}, but {len(earlier)} earlier attempts are in the evidence"
+    elif scored:
+        reason = (f"attempt {scored[0]} of this leg completed before this one: its score "
+                  "was replaced")
+    else:
+        return GateResult(name=FIRST_VALID_SCORE, status=GateStatus.PASS, evidence=evidence,
+                          reason=f"attempt {attempt} is the first to complete: the "
+                          f"{attempt - 1} before it were interrupted")
+    return GateResult(name=FIRST_VALID_SCORE, status=GateStatus.FAIL, reason=reason,
+                      evidence=evidence)
 
 
 def cleanup_gate(passed: bool | None, surviving: int | None, port_open: bool | None) -> GateResult:
     if passed is None:
-        return GateResult(name="cleanup", status=GateStatus.NOT_TESTED,
+        return GateResult(name=CLEANUP, status=GateStatus.NOT_TESTED,
                           reason="the server was never started")
     return GateResult(
-        name="cleanup", status=GateStatus.PASS if passed else GateStatus.FAIL,
+        name=CLEANUP, status=GateStatus.PASS if passed else GateStatus.FAIL,
         reason=f"{surviving} surviving processes, port {'open' if port_open else 'closed'}",
         evidence={"surviving_workers": surviving, "port_listening_after": port_open})
 
@@ -603,7 +641,7 @@ def idle_gate(name: str, result: IdleResult | None) -> GateResult:
 
 
 def treatment_attestation(rules: Sequence[LogRule], server_log: str) -> GateResult:
-    name = "treatment_attestation"
+    name = TREATMENT_ATTESTATION
     if not rules:
         return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
                           reason="the arm declares no log rules")
@@ -634,3 +672,213 @@ def treatment_attestation(rules: Sequence[LogRule], server_log: str) -> GateResu
 def leg_valid(gates: Sequence[GateResult]) -> tuple[bool, list[str]]:
     reasons = [f"{g.name}: {g.status.value}" for g in gates if g.blocks_validity]
     return not reasons, reasons
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True)
+class LegEvidence:
+    """Everything a leg's gates read, gathered once by the writer and again by verify."""
+
+    outcomes: tuple[RowOutcome, ...]
+    teacher: Teacher | None
+    config: GateConfig
+    planned_rows: int
+    requests: tuple[Mapping[str, Any], ...]
+    metrics_before: Mapping[str, float] | None
+    server_log: str
+    prefix_cache_hits: int | None = None
+    prefix_cache_queries: int | None = None
+    cached_tokens_hint: str = VLLM_CACHED_HINT
+    generation_counters: Sequence[str] = VLLM_METRICS.generation
+    generation_line: re.Pattern[str] | None = VLLM_GENERATION_LINE
+    cleanup_passed: bool | None = None
+    surviving_workers: int | None = None
+    port_listening_after: bool | None = None
+    # None: the evidence predates idle gates (an older record), so there are none.
+    idle: Mapping[str, IdleResult | None] | None = None
+    attempt: int = 1
+    earlier_attempts: tuple[str | None, ...] = ()
+    # The telemetry sampler's lines (probes.telemetry.read_samples), on the rows' clock.
+    telemetry: tuple[Mapping[str, Any], ...] = ()
+    rule: int = EXACTNESS_RULE  # the teacher-exact rule the gates were written with
+    version: int = field(default=0)  # gates-file version; 0: the current one
+
+    @cached_property
+    def exact(self) -> dict[int, bool]:
+        return exactness(self.outcomes, self.teacher, self.rule)
+
+    @cached_property
+    def request_log(self) -> dict[str, GateResult]:
+        return {g.name: g for g in request_log_gates(
+            self.outcomes, self.requests, self.planned_rows, self.metrics_before,
+            self.server_log, self.generation_counters, self.generation_line)}
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    """One gate: its name, how it is shown, whether a leg needs it to pass, and how it
+    is checked. `check` returns None where the gate does not apply to this evidence;
+    `since` is the gates-file version that brought it (older files are recomputed
+    without it). A gate over several legs has no leg check (scope "experiment")."""
+
+    name: str
+    label: str  # short, for a terminal table
+    explained: str  # one line, wherever the gate is shown
+    required: bool
+    check: Callable[[LegEvidence], GateResult | None] | None
+    since: int = 1
+    revised: int = 0  # the version whose files it is checked differently from (0: never)
+    scope: Literal["leg", "experiment"] = "leg"
+
+
+def _first_valid(ev: LegEvidence) -> GateResult:
+    if 0 < ev.version < 3:  # sealed before the check looked at the earlier attempts
+        return first_valid_score(1)
+    return first_valid_score(ev.attempt, ev.earlier_attempts)
+
+
+def _idle(phase: str, name: str) -> Callable[[LegEvidence], GateResult | None]:
+    def check(ev: LegEvidence) -> GateResult | None:
+        return None if ev.idle is None else idle_gate(name, ev.idle.get(phase))
+    return check
+
+
+# The most an accelerator's SM clock may fall below its own highest reading while rows
+# stream: 2 %, above one boost step (15 MHz of an H200's 1980, 0.8 %) so that a sample
+# taken mid-step does not fail, and below the between-leg noise that the verdict
+# already carries (leg sd 1.1-3.1 % on an H200, DESIGN.md), so a drop that passes
+# cannot move a headline by more than the noise does.
+CLOCK_DROP_MAX_PCT: Final = 2.0
+
+
+def clocks_stable(outcomes: Sequence[RowOutcome], samples: Sequence[Mapping[str, Any]]
+                  ) -> GateResult:
+    """Each accelerator's telemetry while rows stream (first request sent to last byte):
+    no throttle reason, and no SM clock more than CLOCK_DROP_MAX_PCT below its highest
+    reading. Not tested where no sample in that window has a clock (CPU only, telemetry
+    off, a probe that reads none)."""
+    name = CLOCKS_STABLE
+    window = (min((o.t_send_ns for o in outcomes), default=0),
+              max((o.t_end_ns for o in outcomes), default=-1))
+    devices: dict[str, list[Mapping[str, Any]]] = {}
+    for sample in samples:
+        if window[0] <= sample.get("t_ns", -1) <= window[1]:
+            for d in sample.get("devices") or ():
+                devices.setdefault(f"{d.get('backend')}:{d.get('index')}", []).append(d)
+    per_device: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    failed: set[str] = set()
+    for key, readings in devices.items():
+        clocks = [float(d["sm_clock_mhz"]) for d in readings
+                  if isinstance(d.get("sm_clock_mhz"), int | float) and d["sm_clock_mhz"] > 0]
+        if not clocks:
+            continue
+        told = [d["throttle_reasons"] for d in readings if isinstance(d.get("throttle_reasons"),
+                                                                    list | tuple)]
+        reasons = sorted({str(r) for found in told for r in found})
+        drop = round(100 * (1 - min(clocks) / max(clocks)), 3)
+        per_device[key] = {"samples": len(clocks), "sm_clock_mhz_min": min(clocks),
+                           "sm_clock_mhz_max": max(clocks), "drop_pct": drop,
+                           "throttle_reasons": reasons if told else None}
+        if reasons or drop > CLOCK_DROP_MAX_PCT:
+            failed.add(key)
+        if reasons:
+            problems.append(f"{key} reported {', '.join(reasons)} "
+                            f"in {sum(1 for t in told if t)} of {len(told)} samples")
+        if drop > CLOCK_DROP_MAX_PCT:
+            problems.append(f"{key}'s SM clock fell {drop:g} % ({max(clocks):g} to "
+                            f"{min(clocks):g} MHz), more than {CLOCK_DROP_MAX_PCT:g} %")
+    evidence: dict[str, Any] = {"drop_max_pct": CLOCK_DROP_MAX_PCT, "devices": per_device}
+    if not per_device:
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
+                          evidence=evidence, reason="no accelerator clock was sampled while "
+                          "rows streamed (CPU only, telemetry off, or a probe without clocks)")
+    count = _fraction(len(per_device) - len(failed), len(per_device))
+    if problems:
+        return GateResult(name=name, status=GateStatus.FAIL, count=count, required=False,
+                          evidence=evidence, reason="; ".join(problems))
+    unknown = [k for k, v in per_device.items() if v["throttle_reasons"] is None]
+    note = (f"; {', '.join(unknown)} report{'s' if len(unknown) == 1 else ''} no throttle "
+            "reasons, so only the clock was checked") if unknown else ""
+    return GateResult(name=name, status=GateStatus.PASS, count=count, required=False,
+                      evidence=evidence,
+                      reason=f"no throttle reason and SM clocks within {CLOCK_DROP_MAX_PCT:g} "
+                      f"% of their highest while rows streamed{note}")
+
+
+GATES: Final[tuple[GateSpec, ...]] = (
+    GateSpec(TEACHER_EXACT, "teacher exact",
+             "every row's token ids equal the teacher's (the reference outputs)", True,
+             lambda ev: teacher_exact(ev.outcomes, ev.teacher, ev.rule)),
+    GateSpec(CACHED_TOKENS_ZERO, "cached tokens 0",
+             "no prompt token came from a cache: 0 cached tokens per row, "
+             "and the engine's prefix-cache hit counter did not move", True,
+             lambda ev: cached_tokens_zero(ev.outcomes, ev.prefix_cache_hits,
+                                           ev.prefix_cache_queries, hint=ev.cached_tokens_hint)),
+    GateSpec(FULL_OUTPUT_THEN_NEXT, "full then next",
+             "the row after one that used its whole token budget is still exact", False,
+             lambda ev: full_output_then_next(ev.outcomes, ev.exact)),
+    GateSpec(LONG_CONTEXT_THEN_NEXT, "long then next",
+             "the row after the longest prompt is still exact", False,
+             lambda ev: long_context_then_next(ev.outcomes, ev.exact,
+                                               ev.config.long_context_threshold)),
+    GateSpec(ROLLOVER, "rollover", "a row that crosses the declared context boundary is exact",
+             False, lambda ev: rollover(ev.outcomes, ev.exact, ev.config.rollover_boundary)),
+    GateSpec(TOKEN_COUNT_INTEGRITY, "token counts",
+             "the server's token counts equal the tokens received; finish "
+             "reasons agree with max_tokens", True,
+             lambda ev: token_count_integrity(ev.outcomes)),
+    GateSpec(FRESH_UNIQUE_PROMPTS, "fresh prompts",
+             "every prompt is unique and sent once to a freshly started server", True,
+             lambda ev: ev.request_log[FRESH_UNIQUE_PROMPTS]),
+    GateSpec(SINGLE_ACTIVE_GENERATION, "single active",
+             "one request at a time: each sent after the previous ended", True,
+             lambda ev: ev.request_log[SINGLE_ACTIVE_GENERATION]),
+    GateSpec(NO_WARMUP_GENERATION, "no warmup", "the server generated nothing before row 0",
+             True, lambda ev: ev.request_log[NO_WARMUP_GENERATION]),
+    GateSpec(ONE_SUITE_INVOCATION, "one invocation", "the suite ran once, in order", True,
+             lambda ev: ev.request_log[ONE_SUITE_INVOCATION]),
+    GateSpec(ZERO_RETRIES, "zero retries", "no row was requested twice", True,
+             lambda ev: ev.request_log[ZERO_RETRIES]),
+    GateSpec(FIRST_VALID_SCORE, "first score",
+             "the leg's first run is the one reported", True, _first_valid,
+             revised=3),
+    GateSpec(CLEANUP, "cleanup", "no process of the server survived it and its port closed",
+             True, lambda ev: cleanup_gate(ev.cleanup_passed, ev.surviving_workers,
+                                           ev.port_listening_after)),
+    GateSpec(TREATMENT_ATTESTATION, "attestation",
+             "the arm's log rules hold: the server's log shows the treatment", False,
+             lambda ev: treatment_attestation(ev.config.log_rules, ev.server_log)),
+    GateSpec(CROSS_LEG_EXACT, "cross-leg exact", "every leg's outputs equal every other leg's",
+             False, None, scope="experiment"),
+    GateSpec(IDLE_BEFORE, "idle before", "the machine was idle before the server started", True,
+             _idle("before", IDLE_BEFORE)),
+    GateSpec(IDLE_AFTER, "idle after", "the machine returned to idle after the server stopped",
+             True, _idle("after", IDLE_AFTER)),
+    GateSpec(CLOCKS_STABLE, "clocks stable",
+             "no accelerator throttled or dropped its SM clock while rows streamed", False,
+             lambda ev: clocks_stable(ev.outcomes, ev.telemetry), since=3),
+)
+GATES_BY_NAME: Final = {g.name: g for g in GATES}
+# The version a leg's gates file is written with: that of the newest gate or revision.
+GATES_VERSION: Final = max(max(g.since, g.revised) for g in GATES)
+SCHEMA_GATES_PREFIX: Final = "tokrecord.leg-gates/v"
+
+
+def gates_version(schema: object) -> int:
+    """The version of a gates file from its schema id; 2 for anything else (a leg whose
+    gates.json is missing is recomputed by its rows file, which predates version 3)."""
+    text = str(schema)
+    if text.startswith(SCHEMA_GATES_PREFIX) and text[len(SCHEMA_GATES_PREFIX):].isdigit():
+        return int(text[len(SCHEMA_GATES_PREFIX):])
+    return 2
+
+
+def evaluate(ev: LegEvidence) -> list[GateResult]:
+    """Every leg gate the evidence's version knows, in registry order."""
+    version = ev.version or GATES_VERSION
+    found = (spec.check(ev) for spec in GATES
+             if spec.check is not None and spec.since <= version)
+    return [g for g in found if g is not None]

@@ -39,6 +39,10 @@ class DeviceSample(_Frozen):
     sm_clock_mhz: float | None = None
     temp_c: float | None = None
     processes: tuple[DeviceProcess, ...] | None = None  # None: the tool cannot list them
+    # Why the clocks are held down right now, by name ("sw_thermal_slowdown", ...): ()
+    # none; None: the tool does not say (nvidia-smi, AMD, Intel). Idle and user-set
+    # clocks are not reasons: they are not the hardware protecting itself.
+    throttle_reasons: tuple[str, ...] | None = None
 
 
 class HostProcess(_Frozen):

@@ -12,7 +12,7 @@ import csv
 import io
 import shutil
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from .model import DeviceProcess, DeviceSample, ProbeError, run_tool
 
@@ -20,6 +20,20 @@ QUERY_FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total
                 "power.draw", "clocks.current.sm", "temperature.gpu")
 APP_FIELDS = ("gpu_uuid", "pid", "process_name", "used_memory")
 MIB = 1024 * 1024
+# NVML's clocks-event reasons (nvmlClocksEventReason*) that mean the board slowed its
+# clocks to protect itself. GpuIdle, ApplicationsClocksSetting, SyncBoost and
+# DisplayClockSetting are left out: they are idleness or settings, not throttling.
+NVML_THROTTLE_BITS: Final = {
+    0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+}
+
+
+def throttle_reasons(mask: int | None) -> tuple[str, ...] | None:
+    """NVML's clocks-event reason mask as the names of the throttling reasons in it."""
+    if mask is None:
+        return None
+    return tuple(name for bit, name in NVML_THROTTLE_BITS.items() if mask & bit)
 
 
 def sample_from_nvml(raw: Mapping[str, Any]) -> DeviceSample:
@@ -32,6 +46,7 @@ def sample_from_nvml(raw: Mapping[str, Any]) -> DeviceSample:
         power_w=None if raw.get("power_mw") is None else raw["power_mw"] / 1000.0,
         energy_j=None if raw.get("energy_mj") is None else raw["energy_mj"] / 1000.0,
         sm_clock_mhz=_num(raw.get("sm_clock")), temp_c=_num(raw.get("temp")),
+        throttle_reasons=throttle_reasons(raw.get("clocks_event_reasons")),
         processes=None if procs is None else tuple(
             DeviceProcess(pid=int(p[0]), mem_used_bytes=None if p[1] is None else int(p[1]))
             for p in procs),
@@ -127,6 +142,13 @@ class NvmlProbe:
         except self._nv.NVMLError:
             return None
 
+    def _reasons(self, handle: Any) -> int:
+        # Renamed from "throttle" to "event" reasons in NVML 12; older bindings have
+        # only the old name.
+        read = getattr(self._nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            self._nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        return int(read(handle))
+
     def raw(self) -> list[dict[str, Any]]:
         nv = self._nv
         out = []
@@ -144,6 +166,7 @@ class NvmlProbe:
                     "energy_mj": self._optional(nv.nvmlDeviceGetTotalEnergyConsumption, h),
                     "sm_clock": self._optional(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
                     "temp": self._optional(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+                    "clocks_event_reasons": self._optional(self._reasons, h),
                     "procs": None if procs is None else [[p.pid, p.usedGpuMemory] for p in procs],
                 })
         except nv.NVMLError as exc:

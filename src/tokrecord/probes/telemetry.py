@@ -61,7 +61,7 @@ class DeviceEnergy(BaseModel):
 
 
 class TelemetrySummary(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     schema_id: str = Field(default=SCHEMA_TELEMETRY, alias="schema")
     interval_s: float
@@ -79,8 +79,6 @@ class TelemetrySummary(BaseModel):
     host_cpu_util_pct_mean: float | None
     devices: tuple[DeviceEnergy, ...] = ()
     notes: tuple[str, ...] = ()
-
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
 # --------------------------------------------------------------------------- pure figures

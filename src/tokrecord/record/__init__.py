@@ -42,7 +42,27 @@ from tokrecord.experiment.stats import (
     pct_delta,
     record_gate,
 )
-from tokrecord.gates import GateResult, GateStatus, RowOutcome, compared_by_phrase, cross_leg_exact
+from tokrecord.gates import (
+    CACHED_TOKENS_ZERO,
+    CLEANUP,
+    FRESH_UNIQUE_PROMPTS,
+    FULL_OUTPUT_THEN_NEXT,
+    IDLE_AFTER,
+    IDLE_BEFORE,
+    LONG_CONTEXT_THEN_NEXT,
+    ONE_SUITE_INVOCATION,
+    ROLLOVER,
+    SINGLE_ACTIVE_GENERATION,
+    TEACHER_EXACT,
+    TOKEN_COUNT_INTEGRITY,
+    TREATMENT_ATTESTATION,
+    ZERO_RETRIES,
+    GateResult,
+    GateStatus,
+    RowOutcome,
+    compared_by_phrase,
+    cross_leg_exact,
+)
 from tokrecord.metrics import FORMULAS, Convention, EngineCounters, SpeculativeCounters
 from tokrecord.record.exactness import artifact_entries
 
@@ -112,7 +132,7 @@ def _speculative(e: EngineCounters | None) -> dict[str, Any]:
 
 def _leg_block(result: LegResult, attempts: int, facts: EvidenceFacts) -> dict[str, Any]:
     s, e = result.summary, result.engine
-    exact = _gate(result, "teacher_exact")
+    exact = _gate(result, TEACHER_EXACT)
     return {
         "treatment": result.arm,
         "attempts": attempts,
@@ -215,11 +235,11 @@ def abba_record(
             "idle_gap_seconds_measured": dict(idle_gaps),
             "generation_warmup": "none",
             "prompt_count_per_leg": len(first),
-            "prompts_unique_per_leg": all(_ok(r, "fresh_unique_prompts") for r in legs),
-            "each_prompt_run_once": all(_ok(r, "one_suite_invocation") and _ok(r, "zero_retries")
+            "prompts_unique_per_leg": all(_ok(r, FRESH_UNIQUE_PROMPTS) for r in legs),
+            "each_prompt_run_once": all(_ok(r, ONE_SUITE_INVOCATION) and _ok(r, ZERO_RETRIES)
                                         for r in legs),
-            "cached_tokens_all_zero": all(_ok(r, "cached_tokens_zero") for r in legs),
-            "single_active_generation": all(_ok(r, "single_active_generation") for r in legs),
+            "cached_tokens_all_zero": all(_ok(r, CACHED_TOKENS_ZERO) for r in legs),
+            "single_active_generation": all(_ok(r, SINGLE_ACTIVE_GENERATION) for r in legs),
             "max_tokens": max((row.trace.n_tokens for row in first), default=None),
             "top_level_prompt_tokens_suite_median": _median_int([r.trace.prompt_tokens
                                                                  for r in first]),
@@ -233,16 +253,16 @@ def abba_record(
         "attempts": list(attempts),
         "pair_results": {k: v.model_dump(mode="json") for k, v in pairs.items()},
         "quality": {
-            "all_legs_teacher_exact": _summed(legs, "teacher_exact"),
+            "all_legs_teacher_exact": _summed(legs, TEACHER_EXACT),
             "all_legs_cross_exact": cross.status is GateStatus.PASS,
             "cross_leg_exact": cross.model_dump(mode="json"),
-            "all_legs_cached_zero": _summed(legs, "cached_tokens_zero"),
-            "full_output_then_next_exact": _summed(legs, "full_output_then_next"),
-            "long_then_next_exact": _summed(legs, "long_context_then_next"),
-            "rollover_exact": _summed(legs, "rollover"),
-            "token_count_integrity": _summed(legs, "token_count_integrity"),
-            "cleanup_passed_all_legs": all(_ok(r, "cleanup") for r in legs),
-            "idle_before_and_after_all_legs": all(_ok(r, "idle_before") and _ok(r, "idle_after")
+            "all_legs_cached_zero": _summed(legs, CACHED_TOKENS_ZERO),
+            "full_output_then_next_exact": _summed(legs, FULL_OUTPUT_THEN_NEXT),
+            "long_then_next_exact": _summed(legs, LONG_CONTEXT_THEN_NEXT),
+            "rollover_exact": _summed(legs, ROLLOVER),
+            "token_count_integrity": _summed(legs, TOKEN_COUNT_INTEGRITY),
+            "cleanup_passed_all_legs": all(_ok(r, CLEANUP) for r in legs),
+            "idle_before_and_after_all_legs": all(_ok(r, IDLE_BEFORE) and _ok(r, IDLE_AFTER)
                                                   for r in legs),
             "same_hardware_all_legs": len({json.dumps(h, sort_keys=True)
                                            for h in hw.values()}) == 1,
@@ -370,7 +390,7 @@ def treatment_section(plan: Plan, result: LegResult, facts: EvidenceFacts) -> di
                          *redact_argv(arm.extra_args)]) or "(none: the base server)"
     check = facts.leg_identity.get(result.name) or {}
     changed = check.get("changed")
-    gate = _gate(result, "treatment_attestation")
+    gate = _gate(result, TREATMENT_ATTESTATION)
     claims = {c["claim"]: True if c["holds"] else c["statement"]
               for c in (gate.evidence.get("claims", []) if gate else [])}
     spec = speculative_configs(plan).get(result.arm)
@@ -454,7 +474,7 @@ def log_facts(results: Mapping[str, LegResult]) -> dict[str, list[dict[str, Any]
     """Per leg, what the server log supports: a claim is made only when its rule holds."""
     out: dict[str, list[dict[str, Any]]] = {}
     for name, result in results.items():
-        gate = _gate(result, "treatment_attestation")
+        gate = _gate(result, TREATMENT_ATTESTATION)
         claims = gate.evidence.get("claims", []) if gate else []
         out[name] = [{"claim": c["claim"], "holds": c["holds"], "statement": c["statement"]}
                      for c in claims]

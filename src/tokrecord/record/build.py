@@ -8,7 +8,6 @@ validates the record, writes it, closes the state log and seals the directory.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 from collections.abc import Mapping
@@ -18,6 +17,7 @@ from typing import Any
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import canonical_json, layout, write_exclusive
 from tokrecord.evidence.seal import MANIFEST_NAME, SigningKey, load_or_create_key, seal
+from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.experiment.components import sealed_component_evidence
 from tokrecord.experiment.leg import LegResult, RowRecord, load_rows, outcomes, rows_rule
 from tokrecord.experiment.plan import Design, Plan
@@ -132,7 +132,7 @@ def finish(exp_dir: Path, record: dict[str, Any], key: SigningKey | None = None)
 def evidence_facts(exp_dir: Path, results: Mapping[str, LegResult], plan: Plan | None = None,
                    documents: Mapping[str, str] | None = None) -> EvidenceFacts:
     return EvidenceFacts(
-        date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"), root=str(exp_dir),
+        date=utc_stamp(Stamp.DATE), root=str(exp_dir),
         identity=identity_summary(exp_dir), drafts=draft_identities(exp_dir),
         leg_identity=leg_identities(exp_dir),
         documents_sha256=dict(documents or {}),

@@ -40,6 +40,7 @@ from tokrecord.experiment.leg import (
     RowRecord,
     compute_leg,
     covariates_of,
+    earlier_attempts,
     evaluate_gates,
     gates_rule,
     idle_snapshots,
@@ -48,6 +49,7 @@ from tokrecord.experiment.leg import (
 )
 from tokrecord.experiment.plan import Plan
 from tokrecord.experiment.stats import LegFigures
+from tokrecord.gates import gates_version
 from tokrecord.gates.teacher import load_teacher
 from tokrecord.identity import sha256_file
 from tokrecord.metrics import parse_counters, row_metrics
@@ -273,8 +275,10 @@ def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | N
         records, config, engine, cleanup, teacher,
         requests=[e for e in events if e.get("kind") == "request"], metrics_before=before,
         server_log=server_log, idle=None if legacy else idle,
-        # Gates are recomputed by the rule they were sealed with (leg gates v1 or v2).
+        # Gates are recomputed by the rule and version they were sealed with.
         rule=gates_rule((gates_raw or rows_raw).get("schema")),
+        version=gates_version((gates_raw or rows_raw).get("schema")),
+        earlier_attempts=earlier_attempts(run_dir), telemetry=samples,
     )
     if "log_facts" in summary_raw:  # a summary written before log facts has none
         recorded = {f.get("name") for f in summary_raw["log_facts"]}

@@ -22,7 +22,7 @@ from tokrecord.errors import ConfigError
 from tokrecord.evidence.seal import Problem
 from tokrecord.experiment.leg import LegResult, LegStatus, RowRecord
 from tokrecord.experiment.stats import PairResult
-from tokrecord.gates import GateResult
+from tokrecord.gates import TREATMENT_ATTESTATION, GateResult
 from tokrecord.identity import Identity, PackageIdentity, SourceIdentity
 from tokrecord.metrics import FORMULAS, Convention
 from tokrecord.metrics.engine import VLLM_METRICS
@@ -295,7 +295,7 @@ def _gate_view(gate: GateResult) -> GateView:
 
 
 def _log_facts(result: LegResult) -> tuple[LogFact, ...]:
-    gate = next((g for g in result.gates if g.name == "treatment_attestation"), None)
+    gate = next((g for g in result.gates if g.name == TREATMENT_ATTESTATION), None)
     if gate is None:
         return ()
     return tuple(LogFact(claim=str(c.get("claim", "")), holds=bool(c.get("holds")),

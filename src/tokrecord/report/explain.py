@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tokrecord.gates import GATES
+
 from . import fmt
 from .model import ReportData
 
@@ -41,25 +43,7 @@ def control_text(c: ControlFigure) -> str:
 
 # One line per gate and per across-legs check, for wherever a gate name is shown.
 GATE_EXPLAINED: dict[str, str] = {
-    "teacher_exact": "every row's token ids equal the teacher's (the reference outputs)",
-    "cached_tokens_zero": "no prompt token came from a cache: 0 cached tokens per row, "
-                          "and the engine's prefix-cache hit counter did not move",
-    "full_output_then_next": "the row after one that used its whole token budget is still exact",
-    "long_context_then_next": "the row after the longest prompt is still exact",
-    "rollover": "a row that crosses the declared context boundary is exact",
-    "token_count_integrity": "the server's token counts equal the tokens received; finish "
-                             "reasons agree with max_tokens",
-    "fresh_unique_prompts": "every prompt is unique and sent once to a freshly started server",
-    "single_active_generation": "one request at a time: each sent after the previous ended",
-    "no_warmup_generation": "the server generated nothing before row 0",
-    "one_suite_invocation": "the suite ran once, in order",
-    "zero_retries": "no row was requested twice",
-    "first_valid_score_is_reported_score": "the leg's first run is the one reported",
-    "cleanup": "no process of the server survived it and its port closed",
-    "treatment_attestation": "the arm's log rules hold: the server's log shows the treatment",
-    "idle_before": "the machine was idle before the server started",
-    "idle_after": "the machine returned to idle after the server stopped",
-    "cross_leg_exact": "every leg's outputs equal every other leg's",
+    **{g.name: g.explained for g in GATES},
     "identity_unchanged": "the software and model identity did not change between legs",
     "all_legs_teacher_exact": "every leg matched the teacher on every row",
     "all_legs_cross_exact": "every leg's outputs equal every other leg's",

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from html import escape
 
 from tokrecord import __version__
-from tokrecord.gates import GateStatus
+from tokrecord.gates import TEACHER_EXACT, GateStatus
 
 from . import charts, fmt
 from .explain import TEACHER_LEG, control_figure, gate_explained
@@ -200,7 +200,7 @@ def _legs(d: ReportData) -> str:
             _e(leg.name), _e(leg.arm), fmt.num(leg.tok_s), fmt.num(leg.p10), fmt.num(leg.ttft_ms, 1),
             fmt.num(leg.full_after_ttft), fmt.num(s.acceptance_rate, 3) if s else fmt.DASH,
             fmt.num(s.emitted_per_cycle, 2) if s else fmt.DASH,
-            _e(exact_cell(next((g for g in leg.gates if g.name == "teacher_exact"), None))),
+            _e(exact_cell(next((g for g in leg.gates if g.name == TEACHER_EXACT), None))),
             _e(_gates_passed(leg)),
             str(leg.stalled_rows), '<span class="pass">yes</span>' if leg.valid
             else '<span class="fail">NO</span>'])

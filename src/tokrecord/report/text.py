@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tokrecord.evidence.safe import terminal_safe
-from tokrecord.gates import GateStatus
+from tokrecord.gates import TEACHER_EXACT, GateStatus
 from tokrecord.metrics.rows import ROW_FLAGS
 
 from . import fmt
@@ -201,7 +201,7 @@ def exact_cell(gate: GateView | None) -> str:
 
 def _leg_cells(leg: LegView) -> list[str]:
     s = leg.speculative
-    exact = next((g for g in leg.gates if g.name == "teacher_exact"), None)
+    exact = next((g for g in leg.gates if g.name == TEACHER_EXACT), None)
     exact_text = exact_cell(exact)
     passed = sum(1 for g in leg.gates if g.status is GateStatus.PASS)
     return [leg.name, leg.arm, fmt.num(leg.tok_s), fmt.num(leg.p10), fmt.num(leg.ttft_ms, 1),

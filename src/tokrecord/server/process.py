@@ -27,7 +27,7 @@ import httpx
 import psutil
 from pydantic import BaseModel, ConfigDict
 
-from tokrecord.engines import ENGINES, Engine, EngineName
+from tokrecord.engines import Engine
 from tokrecord.errors import ConfigError, ServerError
 
 LOG_TAIL_LINES = 40
@@ -363,7 +363,7 @@ class ServerProcess:
         model: str | None = None,
         poll_s: float = 0.5,
         on_poll: Callable[[float], None] | None = None,
-        engine: Engine | None = None,
+        engine: Engine,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> float:
@@ -377,7 +377,6 @@ class ServerProcess:
         proc = self._proc
         if proc is None:
             raise ServerError("server was not started")
-        dialect = engine or ENGINES[EngineName.VLLM]
         polls = 0
         t0 = clock()
         deadline = t0 + timeout_s
@@ -389,18 +388,18 @@ class ServerProcess:
                     raise ServerError(
                         f"server exited with code {code} before becoming ready "
                         f"(after {clock() - t0:.1f} s)"
-                        + _error_first(self.log_path, dialect.error_line)
+                        + _error_first(self.log_path, engine.error_line)
                         + f"    last lines of {self.log_path}:\n"
                         + log_tail(self.log_path)
                     )
-                if self._ready(http, model, dialect):
+                if self._ready(http, model, engine):
                     return clock() - t0
                 now = clock()
                 if now >= deadline:
                     raise ServerError(
                         f"server did not become ready within {timeout_s:.0f} s "
-                        f"({' and '.join(self.base_url + p for p in dialect.ready_paths)})"
-                        + _error_first(self.log_path, dialect.error_line)
+                        f"({' and '.join(self.base_url + p for p in engine.ready_paths)})"
+                        + _error_first(self.log_path, engine.error_line)
                         + f"    last lines of {self.log_path}:\n"
                         + log_tail(self.log_path)
                     )

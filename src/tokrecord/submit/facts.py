@@ -29,7 +29,7 @@ from tokrecord.errors import ConfigError, TokrecordError
 from tokrecord.evidence import canonical_sha256, layout, read_json, read_jsonl
 from tokrecord.evidence.seal import MANIFEST_NAME, Problem
 from tokrecord.experiment.leg import LegConfig, LegResult, ServerSpec, load_rows
-from tokrecord.gates import GateResult, GateStatus, compared_by_phrase
+from tokrecord.gates import TEACHER_EXACT, GateResult, GateStatus, compared_by_phrase
 from tokrecord.gates.teacher import load_teacher
 from tokrecord.identity import Identity, sha256_file
 from tokrecord.metrics.engine import SpeculativeCounters, histogram_deltas, timing_histograms
@@ -241,7 +241,7 @@ TokenIds = tuple[tuple[int, ...], ...]
 
 def _teacher_ids(leg_dir: Path, prompts: Sequence[str]) -> tuple[str | None, TokenIds | None]:
     gates = _typed(leg_dir / layout.GATES, _gates)
-    gate = next((g for g in gates if g.name == "teacher_exact"), None)
+    gate = next((g for g in gates if g.name == TEACHER_EXACT), None)
     if gate is None or gate.status is not GateStatus.PASS:
         return (gate.count if gate else None), None
     # Text equality is weaker evidence than token equality: no output hash from it.
@@ -257,7 +257,7 @@ def _teacher_ids(leg_dir: Path, prompts: Sequence[str]) -> tuple[str | None, Tok
 
 def _teacher_exact_by(leg_dir: Path) -> str | None:
     gate = next((g for g in _typed(leg_dir / layout.GATES, _gates)
-                 if g.name == "teacher_exact"), None)
+                 if g.name == TEACHER_EXACT), None)
     if gate is None or gate.status is GateStatus.NOT_TESTED or gate.count is None:
         return None
     rows = gate.count.split("/")[-1]

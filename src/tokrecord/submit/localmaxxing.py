@@ -24,7 +24,6 @@ import hashlib
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, Final
 from urllib.parse import quote, urlparse
 
@@ -33,9 +32,10 @@ from pydantic import ValidationError
 
 from tokrecord import __version__
 from tokrecord.engines import FAKE_MODULE, EngineName, engine_for, infer_engine
-from tokrecord.engines.base import arg_value
+from tokrecord.engines.base import LaunchFacts, SpeculativeConfig
 from tokrecord.evidence.redact import is_secret_env, redact_argv
-from tokrecord.gates import GateStatus
+from tokrecord.evidence.stamp import Stamp, utc_stamp
+from tokrecord.gates import SINGLE_ACTIVE_GENERATION, GateStatus
 from tokrecord.identity import SourceIdentity
 from tokrecord.record.schema import (
     AbbaRecord,
@@ -78,9 +78,7 @@ KEPT_HEADERS: Final = ("content-type", "date", "location", "retry-after", "x-rat
 
 # Device probe backend -> the compute backend it implies.
 BACKENDS: Final = {"nvml": "cuda", "amd-smi": "rocm", "rocm-smi": "rocm", "xpu-smi": "xpu"}
-DTYPES: Final = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
-                 "bfloat16": "bf16"}
-SINGLE_ACTIVE: Final = "single_active_generation"  # the gate that proves a batch of one
+SINGLE_ACTIVE: Final = SINGLE_ACTIVE_GENERATION  # the gate that proves a batch of one
 
 
 # ------------------------------------------------------------------ command lines
@@ -95,21 +93,19 @@ def detect_engine(argv: Sequence[str]) -> str | None:
     return None if engine is EngineName.OPENAI else engine.value
 
 
+def launch_facts(argv: Sequence[str], env: Mapping[str, str]) -> LaunchFacts:
+    """The argv's settings as the adapter of the engine it runs reads them."""
+    return engine_for(infer_engine(argv)).launch_facts(argv, env)
+
+
 def quantization_from_argv(argv: Sequence[str]) -> tuple[str | None, str]:
     """(quantization, where from): an explicit ``--quantization`` wins over ``--dtype``."""
-    method = arg_value(argv, "--quantization", "-q")
-    if method:
-        return method, f"--quantization {method}"
-    dtype = arg_value(argv, "--dtype")
-    if dtype and dtype.lower() in DTYPES:
-        return DTYPES[dtype.lower()], f"--dtype {dtype} (unquantized weights)"
-    return None, f"--dtype {dtype}" if dtype else "no --quantization or --dtype in the server argv"
+    facts = launch_facts(argv, {})
+    return facts.quantization, facts.quantization_source
 
 
-def _speculative(argv: Sequence[str], engine: str | None) -> tuple[dict[str, Any], list[str]]:
+def _speculative(config: SpeculativeConfig | None) -> tuple[dict[str, Any], list[str]]:
     """The payload's speculative flags, from the engine adapter's reading of the argv."""
-    name = infer_engine(argv)
-    config = engine_for(name).speculative(argv)
     if config is None:
         return {"specDecoding": False}, []
     out: dict[str, Any] = {"specDecoding": True}
@@ -120,15 +116,6 @@ def _speculative(argv: Sequence[str], engine: str | None) -> tuple[dict[str, Any
     if config.draft_model is not None:
         out["specModel"] = config.draft_model
     return out, list(config.notes)
-
-
-def _prefix_caching(argv: Sequence[str]) -> bool | None:
-    # Only an explicit flag counts: engine defaults change between versions.
-    if "--no-enable-prefix-caching" in argv or "--disable-radix-cache" in argv:
-        return False
-    if "--enable-prefix-caching" in argv:
-        return True
-    return None
 
 
 def command_snippet(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, list[str]]:
@@ -330,7 +317,8 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
     derivation.append(f"engineCommit: {why}")
     warnings += warn
 
-    quant, why = quantization_from_argv(argv)
+    launch = launch_facts(argv, facts.server_env)
+    quant, why = launch.quantization, launch.quantization_source
     if options.quantization:
         derivation.append(f"quantization: --quantization (the server argv says: {why})")
         quant = options.quantization
@@ -347,7 +335,7 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
         raise SubmitError(f"{len(missing)} input{'s' if len(missing) > 1 else ''} the record "
                           "cannot supply; give:\n  " + "\n  ".join(missing))
 
-    flags, flag_notes = _speculative(argv, engine)
+    flags, flag_notes = _speculative(launch.speculative)
     warnings += flag_notes
     if flags.get("specDecoding"):
         if facts.draft_tokens is not None:
@@ -361,15 +349,12 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
         if facts.draft_tokens is None or facts.accepted_draft_tokens is None:
             warnings.append(f"speculative decoding is on, but leg {facts.leg} has no engine counter of "
                             "draft and accepted tokens: specDraftTokens/specAcceptedTokens left out")
-    tp = arg_value(argv, "--tensor-parallel-size", "-tp", "--tp-size", "--tp")
-    if tp and tp.isdigit():
-        flags["tensorParallel"] = int(tp)
-    prefix = _prefix_caching(argv)
-    if prefix is not None:
-        flags["prefixCaching"] = prefix
-    kv_dtype = verified.kv_cache_dtype(argv)
-    if kv_dtype is not None:
-        flags["kvCacheDtype"] = kv_dtype
+    if launch.tensor_parallel is not None:
+        flags["tensorParallel"] = launch.tensor_parallel
+    if launch.prefix_caching is not None:
+        flags["prefixCaching"] = launch.prefix_caching
+    if launch.kv_cache_dtype is not None:
+        flags["kvCacheDtype"] = launch.kv_cache_dtype
     single = _single_active(facts.record)
     if single:
         flags["concurrency"] = 1
@@ -426,8 +411,7 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
         "peakVramGb": vram,
         "promptTokens": median_low(facts.prompt_tokens),
         "outputTokens": median_low(facts.output_tokens),
-        "contextLength": _int_or_none(arg_value(argv, "--max-model-len", "--context-length",
-                                                "--ctx-size", "-c")),
+        "contextLength": launch.context_length,
         "batchSize": 1 if single else None,
         "engineFlags": flags,
         "promptSha256": prompt_sha256(facts),
@@ -457,15 +441,7 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
     return Built(payload=model.wire(), derivation=tuple(derivation), warnings=tuple(warnings))
 
 
-def _int_or_none(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isdigit() else None
-
-
 # --------------------------------------------------------------------------- HTTP
-
-
-def _utc() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _json_schema_props(doc: Mapping[str, Any], path: str) -> tuple[tuple[str, ...] | None,
@@ -522,7 +498,7 @@ class LocalMaxxing:
         if key is not None:
             headers.update(key.header())
         url = self.base_url + path
-        utc = _utc()
+        utc = utc_stamp(Stamp.MICROSECONDS)
         try:
             response = self._client.request(method, path, content=body, headers=headers)
         except httpx.HTTPError as exc:

@@ -65,11 +65,11 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import IO, Any, cast
 
+from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.server.httpd import LocalHTTPServer
 from tokrecord.submit.contract import KEY_PATTERN, SpeedTest, issues
 
@@ -187,8 +187,7 @@ CDN_PAGE = (b"<!DOCTYPE html><html><head><title>Attention Required!</title></hea
 
 
 def _utc_ms() -> str:
-    now = datetime.now(UTC)
-    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+    return utc_stamp(Stamp.MILLISECONDS)
 
 
 class StandinServer(LocalHTTPServer):

@@ -26,8 +26,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from tokrecord.engines import engine_for
-from tokrecord.engines.base import arg_value
+from tokrecord.engines import engine_for, infer_engine
 from tokrecord.evidence import canonical_json
 from tokrecord.identity import SourceIdentity
 from tokrecord.probes.telemetry import TelemetrySummary
@@ -107,15 +106,9 @@ def peak_vram_gb(telemetry: TelemetrySummary | None) -> float | None:
 
 
 def kv_cache_dtype(argv: Sequence[str]) -> str | None:
-    """The KV-cache dtype an explicit flag sets (engine defaults change between versions)."""
-    value = arg_value(argv, "--kv-cache-dtype")
-    if value:
-        return value
-    k = arg_value(argv, "--cache-type-k", "-ctk")
-    v = arg_value(argv, "--cache-type-v", "-ctv")
-    if k and v and k != v:
-        return f"k:{k},v:{v}"
-    return k or v
+    """The KV-cache dtype an explicit flag sets (engine defaults change between versions),
+    as the adapter of the argv's engine reads it."""
+    return engine_for(infer_engine(argv)).launch_facts(argv, {}).kv_cache_dtype
 
 
 def _source(facts: RecordFacts, engine: str) -> tuple[str, SourceIdentity] | None:
