@@ -155,3 +155,21 @@ def test_power_grows_with_blocks_and_effect() -> None:
     assert 0 <= low < high <= 1
     assert sweep_power(1.0, 2.0, 5, 8, 0.95) < high
     assert sweep_power(3.0, 2.0, 5, 1, 0.95) == 0.0
+
+
+def test_family_false_faster_is_half_alpha_for_one_comparison_and_below_it_for_more() -> None:
+    from tokrecord.experiment.sweep import family_false_faster
+
+    assert family_false_faster(2, 6, 0.95) == pytest.approx(0.025, abs=1e-6)
+    many = family_false_faster(5, 12, 0.95)
+    assert 0.02 < many <= 0.025 + 1e-6
+
+
+def test_power_report_counts_legs_and_wall_time() -> None:
+    from tokrecord.experiment.sweep import sweep_power_report
+
+    r = sweep_power_report(5, 4, 1.11, 3.42, 13, 0.95, leg_s=43.0, effects=(5.0,))
+    assert r.legs == 20 and r.df == 12 and r.wall_s == pytest.approx(20 * 43.0)
+    assert r.leg_sd_pct == pytest.approx(math.sqrt(1.11**2 + (math.pi / 3) * 3.42**2 / 13))
+    (e,) = r.entries
+    assert e.blocks_for_target is not None and e.blocks_for_target > 4 > 0 < e.power < 0.9

@@ -388,3 +388,67 @@ def sweep_blocks_for_power(effect_pct: float, leg_sd_pct: float, k: int, confide
 def sweep_leg_sd_pct(sd_leg_pct: float, sd_row_pct: float, rows: int) -> float:
     """The sd of one leg's figure (as stats.leg_sd_pct): between-leg plus row noise."""
     return math.sqrt(sd_leg_pct**2 + HL_VARIANCE_FACTOR * sd_row_pct**2 / rows)
+
+
+# --------------------------------------------------------------------------- planner
+
+SWEEP_EFFECTS_PCT: Final = (1.0, 2.0, 3.0, 5.0)
+SWEEP_POWER_METHOD: Final = (
+    "P(the truly best arm is claimed fastest) when it is effect % faster than each other "
+    "arm, all equal and token-exact: the k-1 differences are normal with sd "
+    "sigma sqrt(2/blocks), correlation 0.5; sigma^2 = sd_leg^2 + (pi/3) sd_row^2 / rows is "
+    "estimated on (k-1)(blocks-1) df and the claim needs every difference above the "
+    "one-sided Dunnett margin (Hsu MCB); integrated over the estimated sd. The family-wise "
+    "false FASTER rate is P(any arm's Dunnett interval above 1) with every arm equal"
+)
+
+
+class SweepPowerEntry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    effect_pct: float
+    power: float
+    blocks_for_target: int | None  # None: not within 50 blocks
+
+
+class SweepPowerReport(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: str
+    arms: int
+    blocks: int
+    legs: int  # arms x blocks: a sweep never stops early
+    df: int
+    rows: int
+    confidence: float
+    leg_sd_pct: float  # the sd of one leg's figure the power is computed for
+    family_false_faster: float  # with every arm equal
+    wall_s: float | None  # legs x one leg's seconds, when a leg's cost is known
+    target_power: float
+    entries: tuple[SweepPowerEntry, ...]
+
+
+def family_false_faster(k: int, df: int, confidence: float) -> float:
+    """P(some arm's two-sided Dunnett interval lies above 1) with every arm equal."""
+    if df < 1:
+        return 0.0
+    c = dunnett_critical(k - 1, df, confidence)
+    return 1 - _coverage(c, k - 1, df, two_sided=False)
+
+
+def sweep_power_report(k: int, blocks: int, sd_leg_pct: float, sd_row_pct: float, rows: int,
+                       confidence: float, leg_s: float | None = None,
+                       effects: Sequence[float] = SWEEP_EFFECTS_PCT,
+                       target: float = 0.9) -> SweepPowerReport:
+    sigma = sweep_leg_sd_pct(sd_leg_pct, sd_row_pct, rows)
+    df = sweep_df(k, blocks)
+    entries = tuple(SweepPowerEntry(
+        effect_pct=e, power=sweep_power(e, sigma, k, blocks, confidence),
+        blocks_for_target=sweep_blocks_for_power(e, sigma, k, confidence, target))
+        for e in effects)
+    return SweepPowerReport(
+        method=SWEEP_POWER_METHOD, arms=k, blocks=blocks, legs=k * blocks, df=df, rows=rows,
+        confidence=confidence, leg_sd_pct=sigma,
+        family_false_faster=family_false_faster(k, df, confidence),
+        wall_s=None if leg_s is None else k * blocks * leg_s, target_power=target,
+        entries=entries)
