@@ -157,12 +157,14 @@ def test_power_grows_with_blocks_and_effect() -> None:
     assert sweep_power(3.0, 2.0, 5, 1, 0.95) == 0.0
 
 
-def test_family_false_faster_is_half_alpha_for_one_comparison_and_below_it_for_more() -> None:
+def test_family_false_faster_is_half_alpha_up_to_the_two_sided_overlap() -> None:
     from tokrecord.experiment.sweep import family_false_faster
 
     assert family_false_faster(2, 6, 0.95) == pytest.approx(0.025, abs=1e-6)
+    # P(some T_i > c) = alpha/2 + P(some above and some below)/2: a hair above 2.5 % (the
+    # equivalence band takes more than that back from FASTER)
     many = family_false_faster(5, 12, 0.95)
-    assert 0.02 < many <= 0.025 + 1e-6
+    assert 0.025 < many < 0.0251
 
 
 def test_power_report_counts_legs_and_wall_time() -> None:
