@@ -9,6 +9,7 @@ after the fact without it showing.
 from __future__ import annotations
 
 import hashlib
+import re
 import tomllib
 from enum import StrEnum
 from pathlib import Path
@@ -166,6 +167,9 @@ class SequentialSpec(_Strict):
 # leg to every block; past ten arms a block is a long, drift-prone stretch of one run
 # and the arm letters (A..J) would run out of the leg-naming scheme.
 MAX_SWEEP_ARMS: Final = 10
+# What an arm name may be in a record (control, candidate, or a sweep's n_max=4,p_min=0.5):
+# it is printed in reports of evidence from strangers, so no spaces or markup.
+SWEEP_ARM_NAME: Final = r"^[A-Za-z0-9][A-Za-z0-9_.=,:+/@-]{0,119}$"
 SweepValue = str | int | float | bool
 
 
@@ -346,6 +350,10 @@ class Plan(_Strict):
         if len(arms) > MAX_SWEEP_ARMS:
             raise ValueError(f"the sweep makes {len(arms)} arms; the sweep design supports at "
                              f"most {MAX_SWEEP_ARMS} (control included)")
+        for name, _ in arms:
+            if not re.fullmatch(SWEEP_ARM_NAME, name):
+                raise ValueError(f"arm name {name!r} (from the values) must match "
+                                 f"{SWEEP_ARM_NAME}: letters, digits and _.=,:+/@- only")
         base_argv = server.argv if server is not None else ()
         base_env = server.env if server is not None else {}
         seen: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], str] = {}
@@ -421,6 +429,9 @@ class Plan(_Strict):
 
     @property
     def design_legs(self) -> tuple[DesignLeg, ...]:
+        if self.sweep is not None:  # treated: any arm but the control
+            return tuple(DesignLeg(name, int(name[1:]), arm != self.control_arm)
+                         for name, arm in self.legs)
         if self.design is Design.SINGLE:
             return (DesignLeg("B1", 1, True),)
         return abba_design(self.max_blocks)
@@ -546,7 +557,7 @@ def speculative_configs(plan: Plan) -> dict[str, SpeculativeConfig | None]:
     """Per arm, the speculative decoding its server argv configures (None: plain)."""
     engine = plan_engine(plan)
     return {name: engine.speculative((*plan.server.argv, *arm.extra_args))
-            for name, arm in plan.arms.items()}
+            for name, arm in plan.all_arms.items()}
 
 
 def draft_paths(plan: Plan) -> dict[str, Path]:

@@ -353,6 +353,15 @@ def sweep_record_gate(analysis: SweepAnalysis, every_gate_passed: Mapping[str, b
     return SweepGate(passed=not reasons, chosen=chosen, reasons=tuple(reasons))
 
 
+class SweepSection(BaseModel):
+    """A sweep record's own section: the analysis and the strict gate on its best arm."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    analysis: SweepAnalysis
+    gate: SweepGate
+
+
 # --------------------------------------------------------------------------- power
 
 
