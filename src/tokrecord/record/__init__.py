@@ -287,8 +287,7 @@ def abba_record(
     out["protocol"]["max_blocks"] = plan.max_blocks
     out["sequential"] = seq.model_dump(mode="json") if seq is not None else None
     out["treatment"] = {name: _redacted_arm(arm) for name, arm in plan.all_arms.items()}
-    if swept is not None:
-        out["sweep"] = swept.model_dump(mode="json")
+    out["sweep"] = swept.model_dump(mode="json") if swept is not None else None
     out["verdict_analysis"] = analysis.model_dump(mode="json") if analysis else None
     out["power"] = dict(power) if power is not None else None
     out["server_log_facts"] = {name: server_log_facts(r) for name, r in results.items()}
