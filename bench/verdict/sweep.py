@@ -77,69 +77,69 @@ def show(label: str, hits: int, n: int, target: str, ok: bool) -> bool:
     return ok
 
 
-def null_family(rng: Generator, trials: int) -> bool:
+def null_family(rng: Generator, trials: int,
+                grid: Sequence[tuple[int, float]]) -> bool:
     print(f"1. all arms equal, {NULL_BLOCKS} blocks, row sd {SD_ROW_PCT} %, {ROWS} rows: "
           "family-wise false FASTER (any arm vs control), and a best-arm claim")
     good = True
-    for k in KS:
-        for sd in SD_LEGS:
-            faster = claims = 0
-            for _ in range(trials):
-                a = simulate(rng, [0.0] * k, NULL_BLOCKS, sd)
-                faster += any(c.verdict is Verdict.FASTER for c in a.contrasts)
-                claims += a.best is not None
-            p, se = rate(faster, trials)
-            good &= show(f"k={k} sd_leg={sd:.0f} %: false FASTER", faster, trials, "<= 2.5 %",
-                         p - 2 * se <= 0.025)
-            print(f"  {'':<6}best-arm claims (no arm is better): {100 * claims / trials:.2f} %")
+    for k, sd in grid:
+        faster = claims = 0
+        for _ in range(trials):
+            a = simulate(rng, [0.0] * k, NULL_BLOCKS, sd)
+            faster += any(c.verdict is Verdict.FASTER for c in a.contrasts)
+            claims += a.best is not None
+        p, se = rate(faster, trials)
+        good &= show(f"k={k} sd_leg={sd:.0f} %: false FASTER", faster, trials, "<= 2.5 %",
+                     p - 2 * se <= 0.025)
+        print(f"  {'':<6}best-arm claims (no arm is better): {100 * claims / trials:.2f} %")
     return good
 
 
-def coverage(rng: Generator, trials: int) -> bool:
+def coverage(rng: Generator, trials: int,
+             grid: Sequence[tuple[int, float]]) -> bool:
     print("2. coverage of the simultaneous intervals (true effects drawn per trial, "
           "+-5 %, 4 blocks)")
     good = True
-    for k in KS:
-        for sd in SD_LEGS:
-            covered = 0
-            for _ in range(trials):
-                effects = [0.0, *rng.uniform(-0.05, 0.05, k - 1)]
-                a = simulate(rng, effects, NULL_BLOCKS, sd)
-                covered += all(c.ci_low <= math.exp(effects[int(c.arm[1:])]) <= c.ci_high
-                               for c in a.contrasts)
-            p, se = rate(covered, trials)
-            good &= show(f"k={k} sd_leg={sd:.0f} %: all intervals cover", covered, trials,
-                         ">= 95 %", p + 2 * se >= 0.95)
+    for k, sd in grid:
+        covered = 0
+        for _ in range(trials):
+            effects = [0.0, *rng.uniform(-0.05, 0.05, k - 1)]
+            a = simulate(rng, effects, NULL_BLOCKS, sd)
+            covered += all(c.ci_low <= math.exp(effects[int(c.arm[1:])]) <= c.ci_high
+                           for c in a.contrasts)
+        p, se = rate(covered, trials)
+        good &= show(f"k={k} sd_leg={sd:.0f} %: all intervals cover", covered, trials,
+                     ">= 95 %", p + 2 * se >= 0.95)
     return good
 
 
-def best_arm(rng: Generator, trials: int) -> bool:
+def best_arm(rng: Generator, trials: int,
+             grid: Sequence[tuple[int, float]]) -> bool:
     print("3. one arm +3 % over the rest: best picked at the planner's blocks (power 0.9), "
           "and 4. predicted power against simulation")
     good = True
-    for k in KS:
-        for sd in SD_LEGS:
-            sigma = sweep_leg_sd_pct(sd, SD_ROW_PCT, ROWS)
-            blocks = sweep_blocks_for_power(3.0, sigma, k, CONFIDENCE)
-            if blocks is None:
-                print(f"  k={k} sd_leg={sd:.0f} %: over 50 blocks; skipped")
-                continue
-            right = wrong = 0
-            for _ in range(trials):
-                effects = [0.0] * k
-                effects[k - 1] = math.log1p(0.03)
-                a = simulate(rng, effects, blocks, sd)
-                right += a.best == f"a{k - 1}"
-                wrong += a.best is not None and a.best != f"a{k - 1}"
-            p, se = rate(right, trials)
-            good &= show(f"k={k} sd_leg={sd:.0f} %: {blocks} blocks, best picked", right,
-                         trials, ">= 90 %", p + 2 * se >= 0.90)
-            predicted = sweep_power(3.0, sigma, k, blocks, CONFIDENCE)
-            ok = abs(predicted - p) <= 0.05 + 2 * se
-            good &= ok
-            print(f"  {'':<6}predicted power {100 * predicted:5.1f} %, simulated "
-                  f"{100 * p:5.1f} % +- {100 * se:.1f}: {'ok' if ok else 'MISSED'} (+-5 points); "
-                  f"wrong arm claimed {100 * wrong / trials:.2f} %")
+    for k, sd in grid:
+        sigma = sweep_leg_sd_pct(sd, SD_ROW_PCT, ROWS)
+        blocks = sweep_blocks_for_power(3.0, sigma, k, CONFIDENCE)
+        if blocks is None:
+            print(f"  k={k} sd_leg={sd:.0f} %: over 50 blocks; skipped")
+            continue
+        right = wrong = 0
+        for _ in range(trials):
+            effects = [0.0] * k
+            effects[k - 1] = math.log1p(0.03)
+            a = simulate(rng, effects, blocks, sd)
+            right += a.best == f"a{k - 1}"
+            wrong += a.best is not None and a.best != f"a{k - 1}"
+        p, se = rate(right, trials)
+        good &= show(f"k={k} sd_leg={sd:.0f} %: {blocks} blocks, best picked", right,
+                     trials, ">= 90 %", p + 2 * se >= 0.90)
+        predicted = sweep_power(3.0, sigma, k, blocks, CONFIDENCE)
+        ok = abs(predicted - p) <= 0.05 + 2 * se
+        good &= ok
+        print(f"  {'':<6}predicted power {100 * predicted:5.1f} %, simulated "
+              f"{100 * p:5.1f} % +- {100 * se:.1f}: {'ok' if ok else 'MISSED'} (+-5 points); "
+              f"wrong arm claimed {100 * wrong / trials:.2f} %")
     return good
 
 
@@ -148,16 +148,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--only", choices=("null", "coverage", "best"), default=None)
+    ap.add_argument("--k", type=int, nargs="*", default=list(KS), help="arm counts")
+    ap.add_argument("--sd-leg", type=float, nargs="*", default=list(SD_LEGS),
+                    help="leg sds, in %%")
     args = ap.parse_args(argv)
+    grid = [(k, sd) for k in args.k for sd in args.sd_leg]
     rng = np.random.default_rng(args.seed)
     start = time.perf_counter()
     results = []
     if args.only in (None, "null"):
-        results.append(null_family(rng, args.trials))
+        results.append(null_family(rng, args.trials, grid))
     if args.only in (None, "coverage"):
-        results.append(coverage(rng, args.trials))
+        results.append(coverage(rng, args.trials, grid))
     if args.only in (None, "best"):
-        results.append(best_arm(rng, args.trials))
+        results.append(best_arm(rng, args.trials, grid))
     print(f"{'every target met' if all(results) else 'SOME TARGET MISSED'} "
           f"({args.trials} trials per cell, {time.perf_counter() - start:.0f} s)")
     return 0 if all(results) else 1
