@@ -69,3 +69,34 @@ def test_record_has_the_sweep_and_validates(sweep: SimpleNamespace) -> None:
 
 def test_verify_recomputes_the_sweep(sweep: SimpleNamespace, tmp_path: Path) -> None:
     assert verify_dir(sweep.exp) == []
+
+
+def test_lint_recomputes_the_sweep_and_names_a_tampered_field(sweep: SimpleNamespace) -> None:
+    import copy
+
+    from tokrecord.record.lint import lint_record
+
+    assert lint_record(sweep.record) == []
+    bad = copy.deepcopy(sweep.record)
+    bad["sweep"]["analysis"]["contrasts"][0]["ci_low"] *= 1.01
+    bad["runs"]["B1"]["treatment"] = "tok_s=400"
+    fields = {p.field for p in lint_record(bad)}
+    assert "sweep.analysis.contrasts.0.ci_low" in fields and "runs.B1.treatment" in fields
+    bad = copy.deepcopy(sweep.record)
+    bad["protocol"]["blocks"] = 10**9
+    assert "protocol.blocks" in {p.field for p in lint_record(bad)}
+
+
+def test_report_has_the_sweep_table_and_chart(sweep: SimpleNamespace) -> None:
+    from tokrecord.record.schema import validate_record
+    from tokrecord.report.sweep import sweep_chart, sweep_rows, sweep_statement
+
+    record = validate_record(sweep.record)
+    assert isinstance(record, ExperimentRecordV2)
+    rows = sweep_rows(record)
+    assert [r.arm for r in rows] == ["tok_s=250", "tok_s=1000", "tok_s=400"]
+    assert rows[0].control and rows[1].best and all(r.exact for r in rows)
+    chart = sweep_chart(rows, 0.95)
+    assert chart is not None and "<svg" in chart and "tok_s=1000" in chart
+    statement = sweep_statement(record)
+    assert statement is not None and "arm tok_s=1000 is fastest" in statement
