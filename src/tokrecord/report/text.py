@@ -22,7 +22,16 @@ from tokrecord.report.sweep import SWEEP_COLUMNS, sweep_cells
 
 from . import fmt
 from .explain import control_figure, control_text
-from .model import Analysis, ComponentView, GateView, Kind, LegView, Power, ReportData
+from .model import (
+    Analysis,
+    ComponentView,
+    GateView,
+    Kind,
+    LegView,
+    Power,
+    ReportData,
+    SweepRow,
+)
 from .noise import noise_line
 
 _VERDICT_STYLE = {"FASTER": "bold green", "SLOWER": "bold red", "UNDECIDED": "bold yellow",
@@ -271,7 +280,7 @@ def terminal_renderables(d: ReportData, width: int = 100) -> list[RenderableType
                           p.row_wins, verdict)
         out.append(pairs)
     if d.sweep:
-        out.append(sweep_table(d))
+        out.append(sweep_table(d.sweep, d.sweep_statement))
     if d.components:
         comps = Table(box=None, padding=(0, 1), title="component evidence (profiler traces)",
                       title_justify="left", title_style="bold")
@@ -283,7 +292,7 @@ def terminal_renderables(d: ReportData, width: int = 100) -> list[RenderableType
     return out
 
 
-def sweep_table(d: ReportData) -> Table:
+def sweep_table(rows: Sequence[SweepRow], statement: str | None) -> Table:
     """A sweep's arms: speed, simultaneous interval against control, exactness, and the
     engine's and telemetry's per-arm figures; the statement of what is claimed below."""
     table = Table(box=None, padding=(0, 1), title="sweep: each arm against control",
@@ -291,13 +300,13 @@ def sweep_table(d: ReportData) -> Table:
     for col in SWEEP_COLUMNS:
         table.add_column(col, justify="right" if col in ("tok/s", "acceptance", "tokens/cycle",
                                                          "J/token") else "left")
-    for r in d.sweep:
+    for r in rows:
         cells = [escape(terminal_safe(c)) for c in sweep_cells(r)]
         if not r.exact:
             cells[4] = "[bold red]NOT exact[/]"
         table.add_row(*cells)
-    if d.sweep_statement:
-        table.caption = escape(d.sweep_statement)
+    if statement:
+        table.caption = escape(terminal_safe(statement))
         table.caption_justify = "left"
     return table
 
