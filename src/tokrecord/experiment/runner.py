@@ -357,7 +357,8 @@ def _preregister_into(plan: Plan, out: Path, exp_dir: Path, plan_text: bytes | N
     state = _State(out / STATE)
     state.append("preregistered", plan_sha256=plan.sha256, name=plan.name,
                  design=plan.design.value, legs=[n for n, _ in plan.legs])
-    if plan.min_effect_pct is not None:
+    # A sweep's power is another question (experiment.sweep; `plan power` prints it).
+    if plan.min_effect_pct is not None and plan.sweep is None:
         # Named by its final place: the record keeps this string.
         report = power_report(plan, plan_noise(plan, str(exp_dir / layout.PLAN)),
                               len(plan_suite(plan).rows))
