@@ -65,6 +65,8 @@ def test_record_has_the_sweep_and_validates(sweep: SimpleNamespace) -> None:
     assert sweep.record["status"] == "strict_preregistered_record_pass"
     assert record.record_gate.candidate_lower_start_tok_s is not None
     assert record.record_gate.candidate_lower_start_tok_s > 600
+    best_legs = {"B1", "B2", "B3"}  # arm B is tok_s=1000: the headline is its slowest leg
+    assert record.metric_accounting.headline_leg in best_legs
 
 
 def test_verify_recomputes_the_sweep(sweep: SimpleNamespace, tmp_path: Path) -> None:

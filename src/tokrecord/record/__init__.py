@@ -209,7 +209,8 @@ def abba_record(
         pairs_required=swept is None,
     )
     first = rows[design[0].name]
-    candidates = [results[leg.name] for leg in design if leg.treated]
+    # A sweep's headline is its best arm's (every non-control arm's when none is claimed).
+    candidates = [results[leg.name] for leg in gated or [g for g in design if g.treated]]
     hw = facts.hardware
     tries = {name: sum(1 for a in attempts if a.get("leg") == name) for name in results}
     out: dict[str, Any] = {
