@@ -170,12 +170,15 @@ def _rules(rules: list[dict[str, Any]], arm: str) -> str:
 def plan_text(*, server: str, models: Path, idle_gap_s: float, draft_n_max: int,
               notes: str, rows: int | None = None, gpu: bool = True,
               launcher: list[str] | None = None, draft_layers: int,
-              treatment: str = "draft") -> str:
+              treatment: str = "draft", sweep_n_max: list[int] | None = None,
+              blocks: int = 1) -> str:
     """The preregistered ABBA. ``treatment``: "draft" (control plain decoding, candidate
     the draft model) or "graphs" (control CUDA graphs off, candidate llama.cpp's
     default, CUDA graphs on: the same kernels in the same order, so outputs must be
-    bit-identical). ``launcher`` replaces the server binary (a local CPU rehearsal
-    through xllamacpp); ``gpu`` adds the CUDA flags."""
+    bit-identical) or "sweep" (issue 34: control plain decoding, and the draft model at
+    each ``--spec-draft-n-max`` of ``sweep_n_max``, every arm once per block in Williams
+    order, ``blocks`` blocks). ``launcher`` replaces the server binary (a local CPU
+    rehearsal through xllamacpp); ``gpu`` adds the CUDA flags."""
     argv = [*(launcher or [server]), "-m", "{model}", "-a", SERVED_MODEL, "--host", "{host}",
             "--port", "{port}", "-np", "1", "--no-cache-prompt", "--no-warmup", "--metrics",
             "--seed", "0", "-c", "2048"]
@@ -204,6 +207,17 @@ def plan_text(*, server: str, models: Path, idle_gap_s: float, draft_n_max: int,
                 f'env = {{ GGML_CUDA_DISABLE_GRAPHS = "1" }}\n{_rules(control, "control")}\n'
                 f'[arms.candidate]\ndescription = "plain decoding, CUDA graphs on (llama.cpp\'s default)"\n'
                 f'{_rules(candidate, "candidate")}')
+    elif treatment == "sweep":
+        name = "h200-llamacpp-cuda-draft-n-max-sweep"
+        values = sweep_n_max or [2, 4, 8, 16]
+        common_args = [a for i, a in enumerate(cand_args)
+                       if a != "--spec-draft-n-max" and (i == 0 or cand_args[i - 1] != "--spec-draft-n-max")]
+        sweep_rules = "".join("\n[[sweep.log_rules]]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in r.items())
+                              for r in candidate)
+        arms = (f'[arms.control]\ndescription = "plain decoding"\n{_rules(control, "control")}\n'
+                f'[sweep]\nextra_args = {_toml(common_args)}\n{sweep_rules}\n'
+                f'[[sweep.parameters]]\nname = "n_max"\nflag = "--spec-draft-n-max"\n'
+                f'values = {_toml(values)}\n')
     else:
         name = "h200-llamacpp-cuda-draft-vs-plain"
         description = (f"draft-model speculative decoding: the target's first {draft_layers} layers, "
@@ -212,11 +226,14 @@ def plan_text(*, server: str, models: Path, idle_gap_s: float, draft_n_max: int,
                 f'[arms.candidate]\ndescription = {_toml(description)}\n'
                 f'extra_args = {_toml(cand_args)}\n{_rules(candidate, "candidate")}')
     rows_line = f"suite_rows = {rows}\n" if rows else ""
+    # A sweep's CPU dry run shares a busy host with the server's own thread: its idle gate
+    # would wait out every leg; the GPU plan keeps 25 %.
+    cpu_max = 100.0 if treatment == "sweep" and not gpu else 25.0
     power = f"device_power_max_w = {200}\n" if gpu else ""
     return f"""# Preregistered by scripts/gpu-experiment (issue 19). Paths are the GPU machine's.
 name = {_toml(name)}
-design = "abba"
-blocks = 1
+design = {_toml("sweep" if treatment == "sweep" else "abba")}
+blocks = {blocks if treatment == "sweep" else 1}
 teacher = "capture"
 engine = "llama.cpp"
 endpoint = "native"
@@ -235,7 +252,7 @@ ready_timeout_s = 180.0
 interval_s = 1.0
 consecutive = 5
 timeout_s = 120.0
-host_cpu_max_pct = 25.0
+host_cpu_max_pct = {cpu_max!r}
 device_util_max_pct = 5.0
 device_mem_used_max_mib = 1024
 device_processes_max = 0
@@ -265,7 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--draft-n-max", type=int, default=8)
     pl.add_argument("--rows", type=int, default=None)
     pl.add_argument("--notes", default="")
-    pl.add_argument("--treatment", choices=("draft", "graphs"), default="draft")
+    pl.add_argument("--treatment", choices=("draft", "graphs", "sweep"), default="draft")
+    pl.add_argument("--sweep-n-max", default=None,
+                    help="a sweep (issue 34): control plain decoding and the draft at each of these "
+                         "comma-separated n-max values, e.g. 2,4,8,16 (implies --treatment sweep)")
+    pl.add_argument("--blocks", type=int, default=2, help="a sweep's blocks (every arm once each)")
     pl.add_argument("--cpu-launcher", nargs="+", default=None,
                     help="a local CPU rehearsal: the llama-server command to use instead (xllamacpp)")
     args = p.parse_args(argv)
@@ -278,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         draft_n_max=args.draft_n_max, notes=args.notes, rows=args.rows,
         gpu=args.cpu_launcher is None, launcher=args.cpu_launcher,
         draft_layers=facts["draft"]["layers"],
-        treatment=args.treatment))
+        treatment="sweep" if args.sweep_n_max else args.treatment,
+        sweep_n_max=[int(v) for v in args.sweep_n_max.split(",")] if args.sweep_n_max else None,
+        blocks=args.blocks))
     return 0
 
 

@@ -172,7 +172,7 @@ ABBA_BREAKS = [
     ("missing nested key", "protocol.metric", _DELETE, "protocol.metric"),
     ("missing leg", "runs.A2", _DELETE, "runs.A2"),
     ("missing pair", "pair_results.B2_vs_A2", _DELETE, "pair_results.B2_vs_A2"),
-    ("bad leg name", "runs.C1", {}, "runs.C1"),
+    ("bad leg name", "runs.K1", {}, "runs.K1"),  # A..J name sweep arms
     ("bad design", "protocol.design", "abab", "protocol.design"),
     ("missing verdict analysis", "verdict_analysis", _DELETE, "verdict_analysis"),
     ("bad analysis df", "verdict_analysis.df", "2", "verdict_analysis.df"),

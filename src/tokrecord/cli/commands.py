@@ -27,6 +27,7 @@ from tokrecord.demo.plan import (
     demo_plan,
     demo_plan_llamacpp,
     demo_sequential,
+    demo_sweep_plan_llamacpp,
     design_lines,
     sequential_claim_lines,
 )
@@ -407,6 +408,10 @@ def demo(
     sequential: Annotated[bool, typer.Option(
         "--sequential", help="llama.cpp: run the budget's blocks sequentially (a look after "
         "each, Pocock spending) and stop as soon as the effect is decided.")] = False,
+    sweep: Annotated[bool, typer.Option(
+        "--sweep", help="llama.cpp: a sweep instead of an ABBA: plain decoding against "
+        "draft-model speculation at --spec-draft-n-max 1, 2, 4, 6, 8, every arm once per "
+        "block (--blocks, default 2), family-wise intervals and a best-arm claim.")] = False,
 ) -> None:
     """A full preregistered ABBA on a local engine: on llama.cpp, plain decoding vs
     draft-model speculative decoding, in as many blocks as fit the budget."""
@@ -420,6 +425,9 @@ def demo(
         python = xllamacpp.ensure_llamacpp(say)
         target, draft = build_demo_target_gguf(models), build_demo_gguf(models)
         err_console.print(f"demo target: {target}\ndemo draft: {draft}", soft_wrap=True)
+        if sweep:
+            _demo_sweep(python, target, draft, rows, idle_gap, blocks or 2, show_log_tail, out)
+            return
         fitting = blocks or blocks_within(budget, idle_gap_s=idle_gap)
         # With --sequential the blocks are a maximum: it stops once decided.
         plan = demo_plan_llamacpp(python, target, draft, rows=rows, idle_gap_s=idle_gap,
@@ -459,6 +467,27 @@ def demo(
     # Imported here, not above: `report` registers its command when imported, and the
     # core commands come first in --help.
     from .report import write_report
+
+    write_report(exp_dir, print_summary=False)
+    _exit_if_invalid(results)
+
+
+def _demo_sweep(python: Path, target: Path, draft: Path, rows: int | None, idle_gap: float,
+                blocks: int, show_log_tail: bool, out: Path | None) -> None:
+    """`demo --sweep`: run the sweep plan, then say what it claims (report.sweep)."""
+    plan = demo_sweep_plan_llamacpp(python, target, draft, rows=rows, idle_gap_s=idle_gap,
+                                    blocks=blocks)
+    err_console.print(escape(
+        f"demo sweep on llama.cpp: {len(plan.all_arms)} arms ({', '.join(plan.all_arms)}) x "
+        f"{blocks} block(s) = {len(plan.legs)} legs after the teacher, "
+        f"{plan.suite_rows or 13} rows each, {idle_gap:g} s idle gap"), soft_wrap=True)
+    exp_dir = out or _default_out("demo-sweep")
+    record, results = _execute_plan(plan, exp_dir, None, show_log_tail)
+    swept = record.get("sweep") or {}
+    statement = (swept.get("analysis") or {}).get("best_statement")
+    if statement:
+        out_console.print(escape(f"sweep: {statement}"), soft_wrap=True)
+    from .report import write_report  # see demo(): report registers after the core commands
 
     write_report(exp_dir, print_summary=False)
     _exit_if_invalid(results)

@@ -14,10 +14,12 @@ from rich.text import Text
 
 from tokrecord.errors import ConfigError
 from tokrecord.experiment.check import ArmStart, check_plan
-from tokrecord.experiment.cost import cost_report, plan_cost_inputs
+from tokrecord.experiment.cost import LegCost, cost_report, plan_cost_inputs
 from tokrecord.experiment.plan import Plan, load_plan
 from tokrecord.experiment.power import check_powerable, plan_noise, power_report
 from tokrecord.experiment.runner import plan_suite
+from tokrecord.experiment.stats import Noise
+from tokrecord.experiment.sweep import sweep_power_report
 from tokrecord.suite import load_suite
 
 from .app import _guard, app, err_console, out_console
@@ -54,6 +56,9 @@ def power_cmd(
                      or sd_row is not None)
     check_powerable(plan)
     noise = plan_noise(plan, str(plan_path), records or (), sd_leg, sd_row)
+    if plan.sweep is not None:
+        _sweep_report(plan, noise, None, as_json)
+        return
     report = power_report(plan, noise, len(plan_suite(plan).rows))
     if as_json:
         out_console.print_json(json.dumps(report.model_dump(mode="json")))
@@ -155,6 +160,9 @@ def cost_cmd(
     check_powerable(plan)
     cost = plan_cost_inputs(str(plan_path), records or (), start_s, row_s, gap_s)
     noise = plan_noise(plan, str(plan_path), records or (), sd_leg, sd_row)
+    if plan.sweep is not None:
+        _sweep_report(plan, noise, cost, as_json)
+        return
     full = load_suite(Path(plan.suite) if plan.suite else None)
     rows = len(plan_suite(plan).rows)
     report = cost_report(plan, noise, rows, cost, len(full.rows), min_effect)
@@ -194,6 +202,35 @@ def cost_cmd(
             f"({_duration(r.sequential_wall_s)})", soft_wrap=True)
     for w in report.warnings:
         err_console.print(f"[yellow]warning:[/] {w}")
+
+
+def _sweep_report(plan: Plan, noise: Noise, cost: LegCost | None, as_json: bool) -> None:
+    """A sweep's power to single out the best arm, its family-wise false FASTER rate and
+    what it costs (a sweep runs every leg: arms x blocks)."""
+    rows = len(plan_suite(plan).rows)
+    k = len(plan.all_arms)
+    report = sweep_power_report(k, plan.blocks, noise.sd_leg_pct, noise.sd_row_pct, rows,
+                                plan.verdict.confidence,
+                                None if cost is None else cost.leg_s(rows))
+    if as_json:
+        out_console.print_json(json.dumps(report.model_dump(mode="json")))
+        return
+    out_console.print(
+        f"[bold]{plan.name}[/]: sweep of {k} arms ({escape(', '.join(plan.all_arms))}), "
+        f"{report.blocks} block(s) = {report.legs} legs, {rows} rows, {report.df} df; "
+        f"noise leg {noise.sd_leg_pct:.3f} %, row {noise.sd_row_pct:.3f} % "
+        f"(from {escape('; '.join(noise.sources))})", soft_wrap=True)
+    out_console.print(
+        f"family-wise false FASTER with every arm equal: {100 * report.family_false_faster:.2f} "
+        f"%; wall time {_duration(report.wall_s)}", soft_wrap=True)
+    table = Table(box=None, padding=(0, 2))
+    table.add_column("best arm ahead by", justify="right")
+    table.add_column(f"P(claimed best) at {report.blocks} block(s)", justify="right")
+    table.add_column(f"blocks for {100 * report.target_power:g} %", justify="right")
+    for e in report.entries:
+        table.add_row(f"+{e.effect_pct:g} %", f"{100 * e.power:.1f} %",
+                      str(e.blocks_for_target) if e.blocks_for_target else "> 50")
+    out_console.print(table)
 
 
 def _duration(seconds: float | None) -> str:

@@ -33,11 +33,13 @@ from tokrecord.record.schema import (
 )
 from tokrecord.report import fmt as report_fmt
 from tokrecord.report.derive import analysis_view, pair_names, power_view, record_design
+from tokrecord.report.sweep import sweep_rows, sweep_statement
 from tokrecord.report.text import (
     interval_text,
     noise_text,
     power_text,
     record_interval_text,
+    sweep_table,
 )
 from tokrecord.server.process import CleanupReport, log_tail
 from tokrecord.suite import SuiteRow
@@ -479,6 +481,8 @@ def print_experiment(out: Console, record: AbbaRecord | Mapping[str, Any], path:
         raise ConfigError(f"{path}: a single-leg record has no experiment tables")
     for table in experiment_tables(model):
         out.print(table)
+    if isinstance(model, ExperimentRecordV2) and model.sweep is not None:
+        out.print(sweep_table(sweep_rows(model), sweep_statement(model)))
     boot = model.bootstrap if isinstance(model, ExperimentRecord) else None
     if boot is not None:
         out.print(

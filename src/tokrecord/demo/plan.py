@@ -227,6 +227,32 @@ def demo_plan_llamacpp(python: Path, target: Path, draft: Path, *, rows: int | N
     )
 
 
+SWEEP_N_MAX: Final = (1, 2, 4, 6, 8)
+
+
+def demo_sweep_plan_llamacpp(python: Path, target: Path, draft: Path, *, rows: int | None = None,
+                             idle_gap_s: float = 5.0, blocks: int = 2) -> Plan:
+    """llama.cpp (xllamacpp), a sweep (issue 34): plain decoding of the target as control,
+    and draft-model speculation at each --spec-draft-n-max of SWEEP_N_MAX, every arm once
+    per block in Williams order."""
+    common = ("--spec-draft-model", str(draft), "--spec-type", "draft-simple",
+              "--spec-draft-threads", "1")
+    return Plan.model_validate({
+        "name": "demo-llamacpp-draft-n-max-sweep", "design": Design.SWEEP, "blocks": blocks,
+        "engine": EngineName.LLAMA_CPP, "endpoint": Endpoint.NATIVE,
+        "server": ServerPlan(argv=tuple(xllamacpp.llama_server_argv(python)), model=str(target),
+                             served_model=embedded.SERVED_MODEL, ready_timeout_s=120),
+        "arms": {"control": Arm(description="plain decoding of the target",
+                                log_rules=llamacpp_log_rules("plain"))},
+        "sweep": {"extra_args": common, "log_rules": llamacpp_log_rules("draft"),
+                  "parameters": [{"name": "n_max", "flag": "--spec-draft-n-max",
+                                  "values": list(SWEEP_N_MAX)}]},
+        **_demo_common(rows, idle_gap_s),
+        "identity": IdentitySpec(native_globs={"engine": ["xllamacpp/**/*.so"]}),
+        "notes": "tokrecord demo --sweep: the demo target and its draft on llama.cpp's "
+                 "server, CPU, 1 thread; draft n-max swept against plain decoding"})
+
+
 def design_lines(plan: Plan, power: PowerReport, detectable_pct: float | None,
                  budget_s: float, sized_by_budget: bool,
                  timing: DemoTiming = DEMO_TIMING) -> list[str]:

@@ -102,7 +102,7 @@ def static_problems(plan: Plan, *, resolve: Callable[[str], str | None] = resolv
 
 def start_arm(plan: Plan, arm: str, workdir: Path, observer: CheckObserver) -> ArmStart:
     """Start one arm's server to readiness and stop it; its log stays in workdir."""
-    spec, chosen = plan.server, plan.arms[arm]  # type: ignore[index]
+    spec, chosen = plan.server, plan.all_arms[arm]
     port = free_port(spec.host)
     argv = render_argv((*spec.argv, *chosen.extra_args),
                        {"port": str(port), "host": spec.host, "model": spec.model})
@@ -146,7 +146,7 @@ def check_plan(plan: Plan, *, start_servers: bool = True,
     starts: list[ArmStart] = []
     if not problems and start_servers:
         with tempfile.TemporaryDirectory(prefix="tokrecord-plan-check-") as tmp:
-            for arm in sorted(plan.arms, key=lambda a: (a != "control", a)):
+            for arm in sorted(plan.all_arms, key=lambda a: (a != plan.control_arm, a)):
                 start = start_arm(plan, arm, Path(tmp), obs)
                 obs.arm_done(start)
                 starts.append(start)

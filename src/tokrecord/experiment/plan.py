@@ -9,6 +9,7 @@ after the fact without it showing.
 from __future__ import annotations
 
 import hashlib
+import re
 import tomllib
 from enum import StrEnum
 from pathlib import Path
@@ -52,6 +53,7 @@ class Design(StrEnum):
     SINGLE = "single"
     ABBA = "abba"
     AA = "aa"  # the same arm in every leg, in ABBA positions: the machine's noise floor
+    SWEEP = "sweep"  # every arm of a [sweep] once per block, Williams-balanced
 
 
 class DesignLeg(NamedTuple):
@@ -161,6 +163,92 @@ class SequentialSpec(_Strict):
         return value
 
 
+# Williams designs exist for every k, but each arm adds a contrast to the family and a
+# leg to every block; past ten arms a block is a long, drift-prone stretch of one run
+# and the arm letters (A..J) would run out of the leg-naming scheme.
+MAX_SWEEP_ARMS: Final = 10
+# What an arm name may be in a record (control, candidate, or a sweep's n_max=4,p_min=0.5):
+# it is printed in reports of evidence from strangers, so no spaces or markup.
+SWEEP_ARM_NAME: Final = r"^[A-Za-z0-9][A-Za-z0-9_.=,:+/@-]{0,119}$"
+SweepValue = str | int | float | bool
+
+
+class SweepParameter(_Strict):
+    """One swept knob: each value becomes `flag value` in the argv, or `env=value`."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    values: tuple[SweepValue, ...]
+    flag: str | None = None  # e.g. "--spec-draft-n-max"
+    env: str | None = None  # e.g. "VLLM_NUM_SPEC_TOKENS"
+
+    @field_validator("values")
+    @classmethod
+    def _two_distinct(cls, values: tuple[SweepValue, ...]) -> tuple[SweepValue, ...]:
+        if len(values) < 2:
+            raise ValueError(f"a sweep needs at least two values; this one has {len(values)}: "
+                             "with one value there is nothing to compare (use an ABBA plan)")
+        seen: list[SweepValue] = []
+        for v in values:
+            if any(v == s and type(v) is type(s) for s in seen):
+                raise ValueError(f"duplicate value {v!r}: each value is one arm")
+            seen.append(v)
+        return values
+
+    @model_validator(mode="after")
+    def _one_target(self) -> SweepParameter:
+        if (self.flag is None) == (self.env is None):
+            raise ValueError(f"parameter {self.name!r}: give exactly one of `flag` (each value "
+                             "goes into the argv) or `env` (each value is an env value)")
+        return self
+
+
+def sweep_text(value: SweepValue) -> str:
+    """A value as it goes into an argv or the environment (TOML true -> "true")."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+class SweepSpec(_Strict):
+    """A sweep ([sweep]): one or two parameters; one arm per value (per grid cell), named
+    from the values (`n_max=4`), on top of the common `extra_args`/`env`. The control is
+    one of those arms (`control = "n_max=4"`) or the plan's own [arms.control]."""
+
+    parameters: tuple[SweepParameter, ...] = Field(min_length=1, max_length=2)
+    extra_args: tuple[str, ...] = ()  # common to every swept arm (e.g. the draft model)
+    env: dict[str, str] = Field(default_factory=dict)
+    log_rules: tuple[LogRule, ...] = ()
+    control: str | None = None  # an arm name; None: [arms.control]
+
+    @model_validator(mode="after")
+    def _distinct_parameters(self) -> SweepSpec:
+        names = [p.name for p in self.parameters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"parameter names must differ: {names}")
+        return self
+
+    def arms(self) -> dict[str, Arm]:
+        """The generated arms, in grid order (the first parameter varies slowest)."""
+        return dict(self.arm_list())
+
+    def arm_list(self) -> list[tuple[str, Arm]]:
+        """(name, arm) for every grid cell, names possibly repeated (4 and "4")."""
+        cells: list[list[tuple[SweepParameter, SweepValue]]] = [[]]
+        for p in self.parameters:
+            cells = [[*c, (p, v)] for c in cells for v in p.values]
+        out: list[tuple[str, Arm]] = []
+        for cell in cells:
+            args = list(self.extra_args)
+            env = dict(self.env)
+            for p, v in cell:
+                if p.flag is not None:
+                    args += [p.flag, sweep_text(v)]
+                else:
+                    env[str(p.env)] = sweep_text(v)
+            name = ",".join(f"{p.name}={sweep_text(v)}" for p, v in cell)
+            out.append((name, Arm(env=env, extra_args=tuple(args), log_rules=self.log_rules,
+                                  description=f"sweep arm {name}")))
+        return out
+
+
 class NoisePlan(_Strict):
     """The noise the power is computed from: figures given, or earlier records (an A/A
     record is the machine's own noise floor). Records win over figures when both exist."""
@@ -190,7 +278,10 @@ class Plan(_Strict):
     # verdict.confidence): 0.98 two-sided keeps false records in A/A at 1 % or less.
     record_confidence: float = Field(default=0.98, gt=0.5, lt=1)
     server: ServerPlan
-    arms: dict[ArmName, Arm]
+    arms: dict[ArmName, Arm] = Field(default_factory=dict)  # a sweep may give none
+    # A sweep ([sweep], design "sweep"): k arms generated from a parameter's values.
+    # After `arms` and `server`: its validator reads them.
+    sweep: SweepSpec | None = None
     suite: str | None = None  # path (relative to the plan file) or None: built-in
     suite_rows: int | None = Field(default=None, ge=1)
     teacher: str | None = None  # path, "capture" (from the control arm, fresh server), or None
@@ -226,8 +317,58 @@ class Plan(_Strict):
         server = data.get("server") if isinstance(data, dict) else None
         return fill_endpoint(data, server.get("argv") if isinstance(server, dict) else None)
 
+    @field_validator("sweep")
+    @classmethod
+    def _sweep_fits(cls, value: SweepSpec | None, info: ValidationInfo) -> SweepSpec | None:
+        design = info.data.get("design")
+        if value is None:
+            return value
+        if design is not Design.SWEEP:
+            shown = design.value if isinstance(design, Design) else design
+            raise ValueError(f"[sweep] needs design = 'sweep'; this plan's design is "
+                             f"{shown!r} (an 'aa' or 'single' design has one arm)")
+        if info.data.get("sequential") is not None:
+            raise ValueError("[sequential] is not yet supported with design 'sweep'")
+        given: dict[str, Arm] = info.data.get("arms") or {}
+        server: ServerPlan | None = info.data.get("server")
+        extra = set(given) - {"control"}
+        if extra:
+            raise ValueError(f"a sweep generates its arms; only [arms.control] may be given "
+                             f"beside it, not {sorted(extra)}")
+        generated = value.arms()
+        if value.control is None and "control" not in given:
+            raise ValueError(f"a sweep needs a control: sweep.control = one of "
+                             f"{list(generated)}, or an [arms.control]")
+        if value.control is not None:
+            if "control" in given:
+                raise ValueError("give sweep.control or [arms.control], not both")
+            if value.control not in generated:
+                raise ValueError(f"sweep.control = {value.control!r} is not an arm of the "
+                                 f"sweep; its arms are {list(generated)}")
+        arms = [*((("control", given["control"]),) if "control" in given else ()),
+                *value.arm_list()]
+        if len(arms) > MAX_SWEEP_ARMS:
+            raise ValueError(f"the sweep makes {len(arms)} arms; the sweep design supports at "
+                             f"most {MAX_SWEEP_ARMS} (control included)")
+        for name, _ in arms:
+            if not re.fullmatch(SWEEP_ARM_NAME, name):
+                raise ValueError(f"arm name {name!r} (from the values) must match "
+                                 f"{SWEEP_ARM_NAME}: letters, digits and _.=,:+/@- only")
+        base_argv = server.argv if server is not None else ()
+        base_env = server.env if server is not None else {}
+        seen: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], str] = {}
+        for name, arm in arms:
+            key = ((*base_argv, *arm.extra_args), tuple(sorted({**base_env, **arm.env}.items())))
+            if key in seen:
+                raise ValueError(f"arms {seen[key]!r} and {name!r} start the same server "
+                                 f"(argv {' '.join(key[0])!r}): each arm must differ")
+            seen[key] = name
+        return value
+
     @model_validator(mode="after")
     def _arms_fit_design(self) -> Plan:
+        if self.design is Design.SWEEP:
+            return self._sweep_fits_design()
         if self.sequential is not None:
             if self.design is not Design.ABBA:
                 raise ValueError(f"[sequential] needs design 'abba'; this plan's is "
@@ -255,6 +396,32 @@ class Plan(_Strict):
             raise ValueError("design 'single' has one leg: blocks must be 1")
         return self
 
+    def _sweep_fits_design(self) -> Plan:
+        if self.sweep is None:
+            raise ValueError("design 'sweep' needs a [sweep] section")
+        if self.components:
+            raise ValueError("component evidence compares two arms; a sweep has many")
+        return self
+
+    @property
+    def all_arms(self) -> dict[str, Arm]:
+        """Every arm by name; a sweep's control first, then its generated arms."""
+        if self.sweep is None:
+            return {str(k): v for k, v in self.arms.items()}
+        generated = self.sweep.arms()
+        if self.sweep.control is not None:
+            control = self.sweep.control
+            return {control: generated[control],
+                    **{n: a for n, a in generated.items() if n != control}}
+        return {"control": self.arms["control"], **generated}
+
+    @property
+    def control_arm(self) -> str:
+        """The arm every other is compared against."""
+        if self.sweep is not None and self.sweep.control is not None:
+            return self.sweep.control
+        return "control"
+
     @property
     def max_blocks(self) -> int:
         """The blocks the design may run: all of them, or a sequential plan's maximum."""
@@ -262,13 +429,22 @@ class Plan(_Strict):
 
     @property
     def design_legs(self) -> tuple[DesignLeg, ...]:
+        if self.sweep is not None:  # treated: any arm but the control
+            return tuple(DesignLeg(name, int(name[1:]), arm != self.control_arm)
+                         for name, arm in self.legs)
         if self.design is Design.SINGLE:
             return (DesignLeg("B1", 1, True),)
         return abba_design(self.max_blocks)
 
     @property
-    def legs(self) -> tuple[tuple[str, ArmName], ...]:
-        """(leg name, arm) in design order. An A/A plan's one arm runs in every position."""
+    def legs(self) -> tuple[tuple[str, str], ...]:
+        """(leg name, arm) in design order. An A/A plan's one arm runs in every position;
+        a sweep's arms run in the sweep design's Williams order."""
+        if self.sweep is not None:
+            # The sweep design module reads stats, which reads this module's models.
+            from tokrecord.experiment.sweep import sweep_design
+            return tuple((leg.name, leg.arm)
+                         for leg in sweep_design(tuple(self.all_arms), self.max_blocks))
         if self.design is Design.AA:
             only = next(iter(self.arms))
             return tuple((leg.name, only) for leg in self.design_legs)
@@ -277,8 +453,11 @@ class Plan(_Strict):
 
     @property
     def pairs(self) -> tuple[tuple[str, str], ...]:
-        """(candidate-position leg, control-position leg); none for a single leg."""
-        return () if self.design is Design.SINGLE else abba_pairs(self.max_blocks)
+        """(candidate-position leg, control-position leg); none for a single leg or a sweep
+        (whose arms are compared in one fit, experiment.sweep)."""
+        if self.design in (Design.SINGLE, Design.SWEEP):
+            return ()
+        return abba_pairs(self.max_blocks)
 
     def canonical(self) -> bytes:
         # Sections added after plans were first sealed are left out while they hold
@@ -297,7 +476,8 @@ _LATER_DEFAULTS: Final[dict[str, Any]] = {"idle": IdleCriteria(), "telemetry": T
                                            "blocks": 1, "min_effect_pct": None, "noise": None,
                                            "record_confidence": 0.98, "engine": None,
                                            "log_facts": (), "components": (),
-                                           "sequential": None, "row_limits": RowLimits()}
+                                           "sequential": None, "row_limits": RowLimits(),
+                                           "sweep": None}
 _ADDED_LATER: Final = tuple(_LATER_DEFAULTS)
 
 
@@ -377,7 +557,7 @@ def speculative_configs(plan: Plan) -> dict[str, SpeculativeConfig | None]:
     """Per arm, the speculative decoding its server argv configures (None: plain)."""
     engine = plan_engine(plan)
     return {name: engine.speculative((*plan.server.argv, *arm.extra_args))
-            for name, arm in plan.arms.items()}
+            for name, arm in plan.all_arms.items()}
 
 
 def draft_paths(plan: Plan) -> dict[str, Path]:

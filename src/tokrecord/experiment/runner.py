@@ -61,7 +61,7 @@ from tokrecord.experiment.leg import (
     run_leg,
     teacher_from_run,
 )
-from tokrecord.experiment.plan import ArmName, Plan, draft_paths
+from tokrecord.experiment.plan import Plan, draft_paths
 from tokrecord.experiment.power import plan_noise, power_report
 from tokrecord.experiment.recovery import recover_attempt
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
@@ -102,8 +102,8 @@ def plan_suite(plan: Plan) -> Suite:
     return suite.head(plan.suite_rows) if plan.suite_rows else suite
 
 
-def leg_config(plan: Plan, suite: Suite, name: str, arm_name: ArmName, attempt: int) -> LegConfig:
-    arm = plan.arms[arm_name]
+def leg_config(plan: Plan, suite: Suite, name: str, arm_name: str, attempt: int) -> LegConfig:
+    arm = plan.all_arms[arm_name]
     s = plan.server
     return LegConfig(
         name=name, arm=arm_name,
@@ -353,7 +353,8 @@ def _preregister_into(plan: Plan, out: Path, exp_dir: Path, plan_text: bytes | N
     state = _State(out / STATE)
     state.append("preregistered", plan_sha256=plan.sha256, name=plan.name,
                  design=plan.design.value, legs=[n for n, _ in plan.legs])
-    if plan.min_effect_pct is not None:
+    # A sweep's power is another question (experiment.sweep; `plan power` prints it).
+    if plan.min_effect_pct is not None and plan.sweep is None:
         # Named by its final place: the record keeps this string.
         report = power_report(plan, plan_noise(plan, str(exp_dir / layout.PLAN)),
                               len(plan_suite(plan).rows))
@@ -540,7 +541,9 @@ def _teacher(plan: Plan, exp_dir: Path, suite: Suite, state: _State,
     path = exp_dir / layout.TEACHER
     if path.exists():
         return load_teacher(path)
-    arm: ArmName = "control" if "control" in plan.arms else "candidate"
+    arm: str = "control" if "control" in plan.arms else "candidate"
+    if plan.sweep is not None:
+        arm = plan.control_arm
     result = _run_attempts(
         state, exp_dir / layout.TEACHER_LEG,
         lambda k: leg_config(plan, suite, "teacher", arm, k).model_copy(update={"name": "teacher"}),

@@ -444,6 +444,7 @@ def record_gate(
     claim: str | None = None,
     found_label: str = "verdict",
     more_reasons: Sequence[str] = (),
+    pairs_required: bool = True,
 ) -> RecordGate:
     """Strict preregistered gate: every quality gate in every leg, every pair passes, and
     the lowest candidate headline beats the prior record (and, when declared, the verdict
@@ -456,7 +457,8 @@ def record_gate(
     reasons += more_reasons
     if not quality_passed:
         reasons.append("a quality gate did not pass in every leg")
-    pairs_ok = bool(pairs) and all(p.passed for p in pairs)
+    # A sweep has no pairs: its arms are compared in one fit (experiment.sweep).
+    pairs_ok = (bool(pairs) and all(p.passed for p in pairs)) if pairs_required else True
     if not pairs_ok:
         reasons.append("not every pair passed its preregistered criteria")
     delta = pct = None

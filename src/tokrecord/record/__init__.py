@@ -42,6 +42,12 @@ from tokrecord.experiment.stats import (
     pct_delta,
     record_gate,
 )
+from tokrecord.experiment.sweep import (
+    SweepLegInput,
+    SweepSection,
+    sweep_analysis,
+    sweep_record_gate,
+)
 from tokrecord.gates import (
     CACHED_TOKENS_ZERO,
     CLEANUP,
@@ -189,7 +195,7 @@ def abba_record(
     pairs = {f"{c}_vs_{a}": pair_result(figs[c], figs[a], plan.criteria) for c, a in pair_names}
     boot = paired_bootstrap([(figs[c], figs[a]) for c, a in pair_names], plan.verdict) if v1 \
         else None
-    analysis = None if v1 else leg_analysis(
+    analysis = None if v1 or plan.sweep is not None else leg_analysis(
         [AnalysisLeg(figures=figs[leg.name], block=leg.block, treated=leg.treated)
          for leg in design], plan.verdict.confidence, plan.verdict.equivalence_pct,
         plan.record_confidence)
@@ -199,6 +205,12 @@ def abba_record(
     seq = sequential_section(plan, design, figs)
     if seq is not None:  # the stopping rule's interval, valid after optional stopping
         found, for_record = seq.verdict, seq.record_verdict
+    swept = sweep_section(plan, design, figs, results)
+    if swept is not None:  # the best arm's, against control, family-wise
+        found, for_record = sweep_verdicts(swept)
+    # A sweep's record is the best arm's: its legs are the candidates the gate reads.
+    gated = [leg for leg in design if leg.treated
+             and (swept is None or results[leg.name].arm == swept.gate.chosen)]
     cross = cross_leg_exact({name: outcomes[name] for name in results})
     legs = list(results.values())
     all_valid = all(r.valid for r in legs)
@@ -207,16 +219,18 @@ def abba_record(
     if not v1:
         identity_reasons += component_reasons(facts.components)
     gate = record_gate(
-        [figs[leg.name] for leg in design if leg.treated],
+        [figs[leg.name] for leg in gated],
         [figs[leg.name] for leg in design if not leg.treated], list(pairs.values()), quality_ok,
         plan.prior.value_tok_s, for_record, plan.verdict.require_faster_for_record,
         claim=None if plan.design is not Design.AA
         else "an A/A design measures the noise floor; it makes no speed claim",
         found_label="verdict" if v1 else f"verdict at {100 * plan.record_confidence:g} % "
-        "confidence", more_reasons=identity_reasons,
+        "confidence", more_reasons=identity_reasons + sweep_reasons(swept),
+        pairs_required=swept is None,
     )
     first = rows[design[0].name]
-    candidates = [results[leg.name] for leg in design if leg.treated]
+    # A sweep's headline is its best arm's (every non-control arm's when none is claimed).
+    candidates = [results[leg.name] for leg in gated or [g for g in design if g.treated]]
     hw = facts.hardware
     tries = {name: sum(1 for a in attempts if a.get("leg") == name) for name in results}
     out: dict[str, Any] = {
@@ -227,7 +241,7 @@ def abba_record(
         else "no_record",
         "plan_sha256": plan.sha256,
         "prior_approved_record": {"id": plan.prior.id, "tok_s": plan.prior.value_tok_s},
-        "treatment": {name: _redacted_arm(arm) for name, arm in plan.arms.items()},
+        "treatment": {name: _redacted_arm(arm) for name, arm in plan.all_arms.items()},
         "protocol": {
             "order": [f"{name}-{arm}" for name, arm in plan.legs if name in results],
             "fresh_service_per_leg": True,
@@ -293,7 +307,8 @@ def abba_record(
                        "pairs": [f"{c}_vs_{a}" for c, a in pair_names]}
     out["protocol"]["max_blocks"] = plan.max_blocks
     out["sequential"] = seq.model_dump(mode="json") if seq is not None else None
-    out["treatment"] = {name: _redacted_arm(arm) for name, arm in plan.arms.items()}
+    out["treatment"] = {name: _redacted_arm(arm) for name, arm in plan.all_arms.items()}
+    out["sweep"] = swept.model_dump(mode="json") if swept is not None else None
     out["verdict_analysis"] = analysis.model_dump(mode="json") if analysis else None
     out["power"] = dict(power) if power is not None else None
     out["server_log_facts"] = {name: server_log_facts(r) for name, r in results.items()}
@@ -313,6 +328,36 @@ def abba_record(
     out["artifacts"] = {**out["artifacts"], **artifact_entries(facts.documents_sha256)}
     out["reproducibility"] = {**out["reproducibility"], **portable_entries(facts)}
     return out
+
+
+def sweep_section(plan: Plan, design: Sequence[DesignLeg], figs: Mapping[str, LegFigures],
+                  results: Mapping[str, LegResult]) -> SweepSection | None:
+    """A sweep's analysis (experiment.sweep) and its strict gate; None for other designs.
+    An arm is exact when its legs' teacher-exact gates passed against the one teacher."""
+    if plan.sweep is None:
+        return None
+    legs = [SweepLegInput(figures=figs[leg.name], block=leg.block,
+                          exact=_ok(results[leg.name], "teacher_exact")) for leg in design]
+    analysis = sweep_analysis(legs, tuple(plan.all_arms), plan.control_arm,
+                              plan.verdict.confidence, plan.verdict.equivalence_pct,
+                              plan.record_confidence)
+    passed = {leg.name: results[leg.name].valid for leg in design}
+    return SweepSection(analysis=analysis,
+                        gate=sweep_record_gate(analysis, passed, plan.prior.value_tok_s))
+
+
+def sweep_verdicts(section: SweepSection) -> tuple[Verdict, Verdict | None]:
+    """The verdict of the claimed best arm against control (UNDECIDED with no claim), at
+    the verdict's and the record's confidence, both simultaneous over the arms."""
+    a = section.analysis
+    found = next((c for c in a.contrasts if c.arm == a.best), None)
+    if found is None:
+        return Verdict.UNDECIDED, None
+    return found.verdict, Verdict.FASTER if found.record_ci_low > 1 else Verdict.UNDECIDED
+
+
+def sweep_reasons(section: SweepSection | None) -> list[str]:
+    return [] if section is None else list(section.gate.reasons)
 
 
 def noise_section(plan: Plan, results: Mapping[str, LegResult]) -> dict[str, Any] | None:

@@ -61,7 +61,7 @@ def leg_outcomes(plan: Plan, run_dirs: Mapping[str, tuple[Path, str]]
     """Each leg's rows and the gates' view of them (name -> (run dir, arm))."""
     suite = plan_suite(plan)
     rows = {name: load_rows(d) for name, (d, _) in run_dirs.items()}
-    outs = {name: outcomes(rows[name], leg_config(plan, suite, name, arm, 1))  # type: ignore[arg-type]
+    outs = {name: outcomes(rows[name], leg_config(plan, suite, name, arm, 1))
             for name, (_, arm) in run_dirs.items()}
     return rows, outs
 

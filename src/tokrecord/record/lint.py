@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 from scipy import stats as sps
 
@@ -21,6 +22,7 @@ from tokrecord.evidence.safe import excerpt
 from tokrecord.experiment.plan import Spending, abba_design, abba_pairs
 from tokrecord.experiment.sequential import t_boundaries, z_boundaries
 from tokrecord.experiment.stats import ANALYSIS_METHOD, abba_df, fit_legs, verdict
+from tokrecord.experiment.sweep import ARM_LETTERS, dunnett_critical, fit_arms, sweep_design
 
 REL_TOL = 1e-9
 _COUNT = re.compile(r"^(\d+)/(\d+)$")
@@ -513,9 +515,12 @@ def _lint_abba(lint: _Linter) -> None:
         if isinstance(leg, Mapping):
             _lint_speculative(lint, f"runs.{name}")
             lint.count(f"runs.{name}.teacher_exact")
-    _lint_design(lint, runs, blocks, design)
-    _lint_pairs(lint, runs, blocks)
-    _lint_gate(lint, runs, blocks, design)
+    if design == "sweep":
+        _lint_sweep(lint, runs, blocks)
+    else:
+        _lint_design(lint, runs, blocks, design)
+        _lint_pairs(lint, runs, blocks)
+        _lint_gate(lint, runs, blocks, design)
     summed = [lint.count(f"runs.{n}.teacher_exact") for n in runs]
     if summed and all(s is not None for s in summed):
         total = f"{sum(s[0] for s in summed if s)}/{sum(s[1] for s in summed if s)}"
@@ -636,3 +641,84 @@ def lint_untrusted(record: Any, source: str) -> list[LintProblem]:
     except _MALFORMED as exc:
         return [LintProblem(field="(record)", message=f"malformed: {type(exc).__name__}: "
                             f"{excerpt(str(exc))}")]
+
+
+MAX_SWEEP_BLOCKS = 50  # a plan's blocks (experiment.plan)
+
+
+def _lint_sweep(lint: _Linter, runs: Mapping[str, Any], blocks: int) -> None:
+    """A sweep (issue 34): its legs, order and treatments are the Williams design of its
+    arms, it has no pairs, and its contrasts recompute from the legs' statistics with the
+    analysis' own fit and Dunnett critical value; the best arm is token-exact."""
+    a = lint.get("sweep.analysis")
+    if not isinstance(a, Mapping):
+        lint.problems.append(LintProblem(field="sweep.analysis",
+                                         message="a sweep record has no sweep analysis"))
+        return
+    arms = a.get("arms")
+    if not (isinstance(arms, list) and 2 <= len(arms) <= len(ARM_LETTERS)
+            and all(isinstance(x, str) for x in arms)):
+        lint.problems.append(LintProblem(field="sweep.analysis.arms",
+                                         message="not a list of 2 to 10 arm names"))
+        return
+    if blocks > MAX_SWEEP_BLOCKS:  # hostile input: the design is never built this large
+        lint.problems.append(LintProblem(field="protocol.blocks", found=blocks,
+                                         message=f"a sweep has at most {MAX_SWEEP_BLOCKS} blocks"))
+        return
+    legs = sweep_design(arms, blocks)
+    names = [leg.name for leg in legs]
+    for name in names:
+        if name not in runs:
+            lint.problems.append(LintProblem(field=f"runs.{name}",
+                                             message="a leg of the sweep design is missing"))
+    for name in runs:
+        if name not in names:
+            lint.problems.append(LintProblem(field=f"runs.{name}",
+                                             message="not a leg of the sweep design"))
+    lint.equal("protocol.order", [f"{leg.name}-{leg.arm}" for leg in legs],
+               "order is every arm once per block, in Williams order")
+    for leg in legs:
+        if isinstance(runs.get(leg.name), Mapping):
+            lint.equal(f"runs.{leg.name}.treatment", leg.arm,
+                       "a sweep leg's letter names its arm (A the control)")
+    lint.equal("protocol.pairs", [], "a sweep has no pairs: its arms share one fit")
+    lint.equal("sweep.analysis.control", arms[0], "the control is the first arm")
+    _lint_sweep_fit(lint, a, arms)
+    summaries = {s.get("arm"): s for s in a.get("arm_summaries") or [] if isinstance(s, Mapping)}
+    best = a.get("best")
+    if best is not None and not (summaries.get(best) or {}).get("exact"):
+        lint.problems.append(LintProblem(field="sweep.analysis.best", found=best,
+                                         message="the best arm must be token-exact"))
+    if lint.get("status") == "strict_preregistered_record_pass" and \
+            lint.get("sweep.gate.passed") is not True:
+        lint.problems.append(LintProblem(field="status", found=lint.get("status"),
+                                         message="a sweep record passes only when its gate does"))
+
+
+def _lint_sweep_fit(lint: _Linter, a: Mapping[str, Any], arms: list[str]) -> None:
+    stats = a.get("leg_statistics") or {}
+    order = [n for n in a.get("order") or [] if isinstance(n, str)]
+    k = len(arms)
+    confidence = _num(a.get("confidence"))
+    if not order or confidence is None or not 0.5 < confidence < 1 or \
+            any(_num(stats.get(n)) is None or n[:1] not in ARM_LETTERS[:k] for n in order):
+        return
+    with contextlib.suppress(ValueError):
+        values = np.array([float(stats[n]) / 100 for n in order])
+        blocks = [int(n[1:]) for n in order]
+        effects, s2, df = fit_arms(values, blocks, [ARM_LETTERS.index(n[0]) for n in order], k)
+        if df < 1 or not math.isfinite(s2):
+            return
+        se = math.sqrt(2 * s2 / len(set(blocks)))
+        c = dunnett_critical(k - 1, df, confidence)
+        lint.close("sweep.analysis.critical_value", c, "Dunnett's critical value", rel_tol=1e-6)
+        for i, contrast in enumerate(a.get("contrasts") or []):
+            if not isinstance(contrast, Mapping) or i >= k - 1:
+                break
+            e = float(effects[i])
+            base = f"sweep.analysis.contrasts.{i}"
+            lint.close(f"{base}.ratio", math.exp(e), "exp(arm effect) from the legs' figures",
+                       rel_tol=1e-6)
+            lint.close(f"{base}.ci_low", math.exp(e - c * se), "exp(effect - c se)", rel_tol=1e-6)
+            lint.close(f"{base}.ci_high", math.exp(e + c * se), "exp(effect + c se)",
+                       rel_tol=1e-6)

@@ -45,7 +45,7 @@ from pydantic_core import ErrorDetails
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import read_json
 from tokrecord.experiment.noise import NoiseDiagnostic
-from tokrecord.experiment.plan import Arm, ArmName
+from tokrecord.experiment.plan import SWEEP_ARM_NAME, Arm, ArmName
 from tokrecord.experiment.power import PowerReport
 from tokrecord.experiment.sequential import SequentialAnalysis
 from tokrecord.experiment.stats import (
@@ -55,6 +55,7 @@ from tokrecord.experiment.stats import (
     Verdict,
     VerdictAnalysis,
 )
+from tokrecord.experiment.sweep import SweepSection
 from tokrecord.gates import GateResult, GateStatus
 from tokrecord.metrics import Convention, SpeculativeCounters
 from tokrecord.probes.telemetry import TelemetrySummary
@@ -75,7 +76,10 @@ GateCount = Annotated[str, StringConstraints(pattern=r"^\d+(/\d+)?$")]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 LegName = Literal["A1", "B1", "B2", "A2"]
 # v2: any number of blocks (A1 B1 B2 A2 B3 A3 A4 B4 ...).
-AnyLegName = Annotated[str, StringConstraints(pattern=r"^[AB][1-9][0-9]*$")]
+# A..J: a sweep letters its arms (experiment.sweep); ABBA and A/A use A and B.
+AnyLegName = Annotated[str, StringConstraints(pattern=r"^[A-J][1-9][0-9]*$")]
+# control / candidate, or a sweep's arm named from its values (n_max=4,p_min=0.5).
+RecordArmName = Annotated[str, StringConstraints(pattern=SWEEP_ARM_NAME)]
 PairName = Annotated[str, StringConstraints(pattern=r"^B[1-9][0-9]*_vs_A[1-9][0-9]*$")]
 EvidenceName = Literal["summary.json", "rows.json", "events.jsonl", "gates.json", "config.json",
                        "server.log", "cleanup.json", "metrics-before.prom", "metrics-after.prom",
@@ -264,7 +268,7 @@ class GateSummary(_Section):
 class LegBlock(SpeculativeCounters):
     """One ABBA leg: its figures under the seeds' names, its gates and its evidence hashes."""
 
-    treatment: ArmName
+    treatment: RecordArmName
     attempts: NonNegativeInt
     headline_tok_s: float | None
     p10_tok_s: float | None
@@ -438,9 +442,9 @@ class ExperimentRecord(_ExperimentCommon):
 
 class AbbaProtocolV2(AbbaProtocol):
     order: list[Annotated[str, StringConstraints(
-        pattern=r"^[AB][1-9][0-9]*-(control|candidate)$")]]
+        pattern=r"^[A-J][1-9][0-9]*-" + SWEEP_ARM_NAME[1:])]]
     idle_gap_seconds_measured: dict[AnyLegName, float]  # type: ignore[assignment]
-    design: Literal["abba", "aa"]
+    design: Literal["abba", "aa", "sweep"]
     blocks: int = Field(ge=1)
     pairs: list[PairName]
     # A sequential plan's most blocks (blocks: those its stopping rule ran).
@@ -475,6 +479,8 @@ ADDED_WITH_ID_EXACTNESS: Final = frozenset({"teacher_exact_compared_by"})
 ADDED_WITH_NOISE: Final = frozenset({"noise_diagnostic"})
 # Added with sequential designs: records sealed before have neither.
 ADDED_WITH_SEQUENTIAL: Final = frozenset({"sequential", "max_blocks"})
+# Added with sweep designs (issue 34): records sealed before have none.
+ADDED_WITH_SWEEP: Final = frozenset({"sweep"})
 
 
 class PriorRecheck(_Section):
@@ -573,14 +579,14 @@ class ExperimentRecordV2(_ExperimentCommon):
     verdict (``verdict_analysis``) and the preregistered power."""
 
     schema_id: Literal["tokrecord.experiment-record/v2"] = Field(alias="schema")
-    treatment: dict[ArmName, Arm]
+    treatment: dict[RecordArmName, Arm]
     protocol: AbbaProtocolV2
     runs: dict[AnyLegName, LegBlock]
     pair_results: dict[PairName, PairResult]
     verdict_analysis: VerdictAnalysis | None
     power: PowerReport | None  # when the plan declared min_effect_pct
     server_log_facts: dict[AnyLegName, dict[str, LogFactFound]] | None = None
-    speculative: dict[ArmName, SpeculativeSection | None] | None = None
+    speculative: dict[RecordArmName, SpeculativeSection | None] | None = None
     component_evidence: dict[str, ComponentEvidence] | None = None
     model: ModelSection | None = None
     unchanged_record_stack: UnchangedStack | None = None
@@ -590,6 +596,8 @@ class ExperimentRecordV2(_ExperimentCommon):
     noise_diagnostic: NoiseDiagnostic | None = None
     # A sequential plan's looks, boundaries and decision (the verdict is its verdict).
     sequential: SequentialAnalysis | None = None
+    # A sweep's arms against control, best-arm statement, exactness per arm and its gate.
+    sweep: SweepSection | None = None
 
     def runs_by_name(self) -> dict[str, LegBlock]:
         return self.runs
@@ -711,7 +719,7 @@ def validate_record(obj: Mapping[str, Any], *, source: str = "record",
     later = added if isinstance(record, ExperimentRecord) else frozenset()
     if sealed_before_probes_ok:  # a reader's view of evidence sealed by an older tokrecord
         later = added | (ADDED_LATER if isinstance(record, _V1_MODELS) else later)
-    missing = _first_unset(record, (), later | ADDED_WITH_SEQUENTIAL)
+    missing = _first_unset(record, (), later | ADDED_WITH_SEQUENTIAL | ADDED_WITH_SWEEP)
     if missing is not None:
         raise ConfigError(f"{source}: key '{_dotted(missing)}': Field required")
     if isinstance(record, ExperimentRecordV2):

@@ -64,6 +64,7 @@ from tokrecord.record.schema import (
     ADDED_WITH_EVIDENCE,
     ADDED_WITH_ID_EXACTNESS,
     ADDED_WITH_SEQUENTIAL,
+    ADDED_WITH_SWEEP,
 )
 from tokrecord.server.process import CleanupReport
 from tokrecord.suite import Suite, parse_suite
@@ -81,7 +82,9 @@ _ADDED_LATER = (ADDED_LATER | ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_W
                 # rows v2: the ids around held-back ones (a v1 row has no such key)
                 | {"gapped_token_ids"}
                 # issue 33: each leg's covariates and the record's noise diagnostic
-                | {"covariates", "noise_diagnostic"})
+                | {"covariates", "noise_diagnostic"}
+                # issue 34: a sweep's section (None in every other record)
+                | ADDED_WITH_SWEEP)
 
 
 def _rel(path: Path, base: Path) -> str:

@@ -64,6 +64,7 @@ from .model import (
     Timeline,
     Verification,
 )
+from .sweep import sweep_rows, sweep_statement
 
 # Inter-token interval bins: 10 per decade from 0.01 ms to 100 s, shared by every leg.
 INTERVAL_EDGES_MS: tuple[float, ...] = tuple(10 ** (k / 10) for k in range(-20, 51))
@@ -836,7 +837,16 @@ def _abba_parts(record: AbbaRecord, legs: Sequence[LegView], title: str) -> dict
             "bootstrap": _bootstrap(record), "analysis": analysis_view(record),
             "power": power_view(record), "design": design, "blocks": blocks,
             "pairs": _pairs(record), "record_gate": _record_gate_abba(record), "quality": quality,
-            "experiment_gates": experiment_gates, "sequential": sequential_text(record)}
+            "experiment_gates": experiment_gates, "sequential": sequential_text(record),
+            **sweep_parts(record)}
+
+
+def sweep_parts(record: AbbaRecord) -> dict[str, Any]:
+    """A sweep record's arms table and statement (nothing for other records)."""
+    if not isinstance(record, ExperimentRecordV2) or record.sweep is None:
+        return {}
+    return {"sweep": sweep_rows(record), "sweep_statement": sweep_statement(record),
+            "sweep_confidence": record.sweep.analysis.confidence}
 
 
 def sequential_text(record: AbbaRecord) -> str | None:

@@ -19,6 +19,7 @@ from . import charts, fmt
 from .explain import TEACHER_LEG, control_figure, gate_explained
 from .model import Analysis, Fact, Kind, LegView, Power, ReportData
 from .noise import noise_section
+from .sweep import SWEEP_COLUMNS, sweep_cells, sweep_chart
 from .text import (
     COMPONENT_COLUMNS,
     component_cells,
@@ -325,6 +326,8 @@ def _abba(d: ReportData) -> str:
         if svg:
             parts.append(svg)
         return f'<section id="abba">{"".join(parts)}</section>'
+    if d.sweep:
+        return _sweep(d)
     if d.design is not None:
         return _abba_v2(d)
     parts.append(_note("Legs in the order they ran, each on a fresh server; dashed lines join the "
@@ -339,6 +342,19 @@ def _abba(d: ReportData) -> str:
             f"Verdict {d.verdict}: candidate/control {b.ratio:.4f} ({fmt.pct(100 * (b.ratio - 1))}), "
             f"{100 * b.confidence:.0f} % CI [{b.ci_low:.4f}, {b.ci_high:.4f}], {b.samples} bootstrap "
             f"samples, equivalence ±{b.equivalence_pct:g} %. Method: {b.method}."))
+    return f'<section id="abba">{"".join(parts)}</section>'
+
+
+def _sweep(d: ReportData) -> str:
+    """A sweep: each arm's speed against control with simultaneous intervals (the chart a
+    tuner reads first), and the table beside it."""
+    parts = ["<h2>Sweep: speed against the parameter</h2>",
+             _note(f"{fmt.design('sweep', d.blocks)}. " + (d.sweep_statement or ""))]
+    svg = sweep_chart(d.sweep, d.sweep_confidence or 0.95)
+    if svg:
+        parts.append(svg)
+    parts.append(_table(SWEEP_COLUMNS, [sweep_cells(r) for r in d.sweep],
+                        numeric=(1, 5, 6, 7)))
     return f'<section id="abba">{"".join(parts)}</section>'
 
 

@@ -320,6 +320,24 @@ class ComponentView(_Frozen):
     devices: int
 
 
+class SweepRow(_Frozen):
+    """One arm of a sweep (report.sweep): its speed, its simultaneous interval against
+    control, exactness, and what the engine and telemetry said per arm."""
+
+    arm: str
+    control: bool
+    best: bool
+    tok_s: float | None
+    ratio: float | None  # arm / control; None for the control
+    ci_low: float | None
+    ci_high: float | None
+    verdict: str
+    exact: bool
+    acceptance: float | None
+    tokens_per_cycle: float | None
+    joules_per_token: float | None
+
+
 class ReportData(_Frozen):
     schema_id: str = Field(default=SCHEMA_REPORT, alias="schema")
     kind: Kind
@@ -351,6 +369,10 @@ class ReportData(_Frozen):
     verification: Verification
     # issue 33: where the leg-to-leg variance may come from (experiments only).
     noise: NoiseDiagnostic | None = None
+    # issue 34: a sweep's arms (control first) and what the sweep claims.
+    sweep: tuple[SweepRow, ...] = ()
+    sweep_statement: str | None = None
+    sweep_confidence: float | None = None
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 

@@ -18,10 +18,20 @@ from rich.text import Text
 from tokrecord.evidence.safe import terminal_safe
 from tokrecord.gates import TEACHER_EXACT, GateStatus
 from tokrecord.metrics.rows import ROW_FLAGS
+from tokrecord.report.sweep import SWEEP_COLUMNS, sweep_cells
 
 from . import fmt
 from .explain import control_figure, control_text
-from .model import Analysis, ComponentView, GateView, Kind, LegView, Power, ReportData
+from .model import (
+    Analysis,
+    ComponentView,
+    GateView,
+    Kind,
+    LegView,
+    Power,
+    ReportData,
+    SweepRow,
+)
 from .noise import noise_line
 
 _VERDICT_STYLE = {"FASTER": "bold green", "SLOWER": "bold red", "UNDECIDED": "bold yellow",
@@ -269,6 +279,8 @@ def terminal_renderables(d: ReportData, width: int = 100) -> list[RenderableType
             pairs.add_row(p.name, fmt.pct(p.headline_delta_pct), fmt.pct(p.paired_median_delta_pct),
                           p.row_wins, verdict)
         out.append(pairs)
+    if d.sweep:
+        out.append(sweep_table(d.sweep, d.sweep_statement))
     if d.components:
         comps = Table(box=None, padding=(0, 1), title="component evidence (profiler traces)",
                       title_justify="left", title_style="bold")
@@ -278,6 +290,25 @@ def terminal_renderables(d: ReportData, width: int = 100) -> list[RenderableType
             comps.add_row(*(escape(x) for x in component_cells(c)))
         out.append(comps)
     return out
+
+
+def sweep_table(rows: Sequence[SweepRow], statement: str | None) -> Table:
+    """A sweep's arms: speed, simultaneous interval against control, exactness, and the
+    engine's and telemetry's per-arm figures; the statement of what is claimed below."""
+    table = Table(box=None, padding=(0, 1), title="sweep: each arm against control",
+                  title_justify="left", title_style="bold")
+    for col in SWEEP_COLUMNS:
+        table.add_column(col, justify="right" if col in ("tok/s", "acceptance", "tokens/cycle",
+                                                         "J/token") else "left")
+    for r in rows:
+        cells = [escape(terminal_safe(c)) for c in sweep_cells(r)]
+        if not r.exact:
+            cells[4] = "[bold red]NOT exact[/]"
+        table.add_row(*cells)
+    if statement:
+        table.caption = escape(terminal_safe(statement))
+        table.caption_justify = "left"
+    return table
 
 
 COMPONENT_COLUMNS = ("component", "launches per cycle", "kernel time saved per cycle",
@@ -382,6 +413,11 @@ def render_markdown(d: ReportData) -> str:
             [(p.name, fmt.pct(p.headline_delta_pct), fmt.pct(p.paired_median_delta_pct), p.row_wins,
               "pass" if p.passed else "fail", "; ".join(p.failed_criteria)) for p in d.pairs],
             {1, 2, 3})
+    if d.sweep:
+        out += ["", "### Sweep: each arm against control", ""]
+        if d.sweep_statement:
+            out += [_md(d.sweep_statement), ""]
+        out += _md_table(SWEEP_COLUMNS, [sweep_cells(r) for r in d.sweep], {1, 5, 6, 7})
     if d.components:
         out += ["", "### Component evidence (profiler traces)", ""]
         out += _md_table(COMPONENT_COLUMNS, [[_md(x) for x in component_cells(c)]
