@@ -212,7 +212,7 @@ def test_state_log_order_and_idle_gaps(faster: SimpleNamespace) -> None:
     ]
     measured = faster.record["protocol"]["idle_gap_seconds_measured"]
     assert set(measured) == {"A1", "B1", "B2", "A2"}
-    assert all(v >= 0.5 for v in measured.values()), measured
+    assert all(v >= faster.plan.idle_gap_s > 0 for v in measured.values()), measured
     # the teacher is captured from the control arm on its own fresh server
     teacher = json.loads((faster.exp / "teacher.json").read_text())
     assert teacher["arm"]["name"] == "control"
