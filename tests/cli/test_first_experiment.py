@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cli_support import cli_in_process
 from plan_support import plan_toml, write_plan
 from tokrecord.cli.view import flag_notes
 from tokrecord.demo.gguf import build_demo_gguf
@@ -21,8 +22,8 @@ ENV = {"PATH": "/usr/bin:/bin", "TERM": "dumb"}
 
 
 def _help(*args: str) -> str:
-    proc = subprocess.run([*CLI, *args, "--help"], capture_output=True, text=True, timeout=60,
-                          env={**ENV, "COLUMNS": "300"})
+    # In process (tests/cli_support.py): the help text, not the process.
+    proc = cli_in_process([*args, "--help"], {**ENV, "COLUMNS": "300"})
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
