@@ -22,6 +22,9 @@ FAKE_ARGV = [PY, "-m", "tokrecord.server.fake", "--host", "{host}", "--port", "{
 CLI = [PY, "-m", "tokrecord"]
 CLI_ENV = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TERM": "dumb"}
 LEGS = ["A1", "B1", "B2", "A2"]
+# A real idle gap before every leg, so each experiment logs and measures its gaps, but a short
+# one: the gap is real time (the runner sleeps it), 4 gaps an ABBA, in some 30 experiments.
+IDLE_GAP_S = 0.1
 
 
 SUITE_ROWS = 5
@@ -39,7 +42,7 @@ def suite_jsonl() -> str:
 
 
 def plan_toml(name: str, *, design: str = "abba", control: float | None = 1000,
-              candidate: float = 1050, rows: int = SUITE_ROWS, idle: float = 0.5,
+              candidate: float = 1050, rows: int = SUITE_ROWS, idle: float = IDLE_GAP_S,
               teacher: str | None = "capture", prior: str = "", extra: str = "") -> str:
     lines = [f'name = "{name}"', f'design = "{design}"', 'suite = "suite.jsonl"',
              f"suite_rows = {rows}", f"idle_gap_s = {idle}"]

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cli_support import cli_in_process
 from probes_support import FAST_IDLE_ARGS
 
 CLI = [sys.executable, "-m", "tokrecord"]
@@ -20,11 +21,12 @@ def cli_env() -> dict[str, str]:
             "TOKRECORD_CONFIG_DIR": os.environ["TOKRECORD_CONFIG_DIR"]}
 
 
-def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run(*args: str) -> subprocess.CompletedProcess[str]:
     # Legs here are not about the idle gate: quick snapshots, no thresholds.
     fast = FAST_IDLE_ARGS if args and args[0] in ("leg", "teacher", "cache-audit") else ()
-    return subprocess.run([*CLI, *args, *fast], capture_output=True, text=True, timeout=timeout,
-                          env=cli_env())
+    # In process (tests/cli_support.py): exit codes and messages, not the process; the
+    # interrupt tests below start `python -m tokrecord` itself.
+    return cli_in_process([*args, *fast], cli_env())
 
 
 def test_leg_against_fake_prints_summary(tmp_path: Path) -> None:

@@ -3,10 +3,12 @@ the exit code of a leg that is not valid."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from cli_support import cli_in_process
 from plan_support import plan_toml, write_plan
 from tokrecord.cli.view import flag_notes
 from tokrecord.demo.gguf import build_demo_gguf
@@ -21,8 +23,8 @@ ENV = {"PATH": "/usr/bin:/bin", "TERM": "dumb"}
 
 
 def _help(*args: str) -> str:
-    proc = subprocess.run([*CLI, *args, "--help"], capture_output=True, text=True, timeout=60,
-                          env={**ENV, "COLUMNS": "300"})
+    # In process (tests/cli_support.py): the help text, not the process.
+    proc = cli_in_process([*args, "--help"], {**ENV, "COLUMNS": "300"})
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -58,16 +60,17 @@ def test_each_flag_is_explained_once() -> None:
     assert "a row flag" in flag_notes(("new_flag",), seen)[0]
 
 
-def test_run_exits_3_when_a_leg_is_not_valid(tmp_path: Path) -> None:
+def test_run_exits_3_when_a_leg_is_not_valid(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     text = plan_toml("invalid-legs") + '''[[arms.candidate.log_rules]]
 claim = "a line no fake server prints"
 pattern = "no such line, ever"
 required = true
 '''
     path, _ = write_plan(tmp_path, text)
-    proc = subprocess.run([*CLI, "run", str(path), "--no-check", "--offline-prior"],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env={**ENV, "COLUMNS": "200"})
+    monkeypatch.chdir(tmp_path)  # the default tokrecord-runs/ goes under it
+    proc = cli_in_process(["run", str(path), "--no-check", "--offline-prior"],
+                          {**ENV, "COLUMNS": "200"})
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "exit 3: not valid: B1, B2" in proc.stderr
     assert "sealed and signed" in proc.stdout  # everything was written first

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from cli_support import cli_in_process
 from plan_support import plan_toml, write_plan
 from probes_support import FAST_IDLE_ARGS
 from tokrecord.cli.reaccount import reaccount_dir
@@ -38,8 +39,8 @@ def cli_env() -> dict[str, str]:
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120,
-                          env=cli_env())
+    # In process (tests/cli_support.py): what `reaccount` writes, prints and exits with.
+    return cli_in_process(list(args), cli_env())
 
 
 def said(proc: subprocess.CompletedProcess[str]) -> str:
@@ -68,10 +69,8 @@ def writable_copy(src: Path, dst: Path) -> Path:
 @pytest.fixture(scope="module")
 def sealed_leg(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("leg") / "leg"
-    proc = subprocess.run([*CLI, "leg", "--server-cmd", FAKE_CMD, "--model", "m", "--rows", "3",
-                           "--headline", "legacy-inclusive-events", "--out", str(out),
-                           *FAST_IDLE_ARGS], capture_output=True, text=True, timeout=120,
-                          env=cli_env())
+    proc = run("leg", "--server-cmd", FAKE_CMD, "--model", "m", "--rows", "3",
+               "--headline", "legacy-inclusive-events", "--out", str(out), *FAST_IDLE_ARGS)
     assert proc.returncode == 3, proc.stderr  # sealed; not valid without a teacher (exit 3)
     return out
 

@@ -1,10 +1,12 @@
 """Real-engine fixtures: the engine venvs, the demo models, a short suite, quick idle gates.
 
 Every test here is marked `engine` (tests/conftest.py) and runs in the serial group.
-Real servers are the slow part, so each engine's whole ABBA experiment (its teacher and
-four legs, each on the fresh server the protocol requires) runs once per pytest session
-as a session fixture, and every test reads from it; start a new server only for a
-behaviour that needs one (the prefix-caching audit: another server configuration).
+Real servers are the slow part, so each engine's experiment runs once per pytest session
+as a session fixture, and every test reads from it: llama.cpp's whole ABBA (its teacher and
+four legs, each on the fresh server the protocol requires; a start takes under a second),
+and on vLLM CPU, whose every start costs 30-70 s of imports, a plain teacher and one ngram
+leg. Start a new server only for a behaviour that needs one (the prefix-caching audit:
+another server configuration).
 A missing engine venv is a failure, not a skip: `make test` builds it, and a
 silently skipped engine test would let CI pass without ever touching vLLM.
 Set TOKRECORD_SKIP_ENGINE=1 to skip them on purpose.

@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
-from engine_support import ENGINE_IDLE, SHORT_ROWS
+from engine_support import ENGINE_IDLE, SHORT_MAX_TOKENS, SHORT_ROWS
 from tokrecord.demo.plan import DRAFT_N_MAX, demo_plan_llamacpp
 from tokrecord.evidence import read_jsonl
 from tokrecord.experiment.leg import LegResult
 from tokrecord.experiment.runner import run_experiment
 from tokrecord.gates import GateStatus
+from tokrecord.gates.teacher import load_teacher
 from tokrecord.record.build import build_record, finish
 from tokrecord.record.lint import lint_record
 from tokrecord.record.verify import verify_dir
@@ -126,3 +127,49 @@ def test_record_verdict_verifies_and_lints(
     # One draft-acceptance line per request on the speculative legs, none on the plain ones.
     assert [facts[leg]["draft_acceptance_lines"]["value"] for leg in LEGS] == [
         0, SHORT_ROWS, SHORT_ROWS, 0]
+
+
+def test_record_pairs_teacher_and_record_gate(
+    abba: tuple[dict[str, LegResult], dict[str, Any], Path]
+) -> None:
+    """The ABBA record's pairs, verdict and record gate on a real engine (moved here from
+    the vLLM CPU ABBA, which now runs one leg: test_vllm_cpu.py)."""
+    _, record, exp_dir = abba
+    assert record["quality"]["all_legs_cross_exact"] is True
+    assert record["quality"]["retries"] == 0
+    assert set(record["pair_results"]) == {"B1_vs_A1", "B2_vs_A2"}
+    runs = record["runs"]
+    b1, a1 = runs["B1"]["headline_tok_s"], runs["A1"]["headline_tok_s"]
+    assert record["pair_results"]["B1_vs_A1"]["headline_delta_pct"] == pytest.approx(
+        100 * (b1 / a1 - 1))
+    assert record["verdict"] in ("FASTER", "SLOWER", "NO DIFFERENCE", "UNDECIDED")
+    va = record["verdict_analysis"]
+    assert va["legs"] == 4 and va["leg_noise_df"] == 2 and va["leg_noise_sd_pct"] is not None
+    # the demo declares no prior record, so no record can be claimed
+    assert not record["record_gate"]["strict_preregistered_record_pass"]
+    assert "no prior record declared in the plan" in record["record_gate"]["reasons"]
+    teacher = load_teacher(exp_dir / "teacher.json")
+    assert teacher.arm["name"] == "control" and len(teacher.rows) == SHORT_ROWS
+    for leg in LEGS:
+        config = json.loads((Path(runs[leg]["run_dir"]) / "config.json").read_text())
+        assert config["leg"]["plan_sha256"] == record["plan_sha256"]
+
+
+def test_every_leg_carries_idle_gates_and_host_telemetry(
+    abba: tuple[dict[str, LegResult], dict[str, Any], Path]
+) -> None:
+    _, record, _ = abba
+    assert record["quality"]["idle_before_and_after_all_legs"] is True
+    assert record["quality"]["same_hardware_all_legs"] is True
+    assert record["hardware"]["hw_class"] in ("CPU_ONLY", "DISCRETE_GPU")
+    consecutive = ENGINE_IDLE.consecutive
+    for leg in LEGS:
+        op = record["operational"]["legs"][leg]
+        assert op["prestart_idle_snapshots"] >= consecutive, op
+        assert op["poststop_idle_snapshots"] >= consecutive, op
+        assert op["prestart_idle_seconds"] >= consecutive * ENGINE_IDLE.interval_s * 0.9
+        tel = record["runs"][leg]["telemetry"]
+        assert tel["samples_in_window"] >= 1, tel
+        assert tel["output_tokens"] == SHORT_ROWS * SHORT_MAX_TOKENS
+        gates = record["runs"][leg]["gates"]
+        assert gates["idle_before"]["status"] == gates["idle_after"]["status"] == "pass"

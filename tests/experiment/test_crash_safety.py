@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from cli_support import cli_in_process
 from plan_support import CLI, CLI_ENV, plan_toml, write_plan
 from tokrecord.client.rawlog import HEADER, RAW_READ, read_raw
 from tokrecord.evidence import (
@@ -44,9 +45,10 @@ from tokrecord.record.verify import verify_dir
 from tokrecord.server.process import RUN_DIR_ENV, servers_of_run
 
 
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
-                          env=CLI_ENV)
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    # In process (tests/cli_support.py): what a run prints and exits with; the kills are of
+    # separate `python -m tokrecord` processes.
+    return cli_in_process(list(args), CLI_ENV)
 
 
 def one_message(proc: subprocess.CompletedProcess[str]) -> bool:

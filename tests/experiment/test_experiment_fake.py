@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
+from cli_support import cli_in_process
 from plan_support import (
     CLI,
     CLI_ENV,
@@ -47,9 +48,10 @@ def leg_events(exp: Path, kind: str, leg: str | None = None) -> list[dict[str, A
     return [e for e in events(exp) if e["event"] == kind and (leg is None or e.get("leg") == leg)]
 
 
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
-                          env=CLI_ENV)
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    # In process (tests/cli_support.py): a run or resume and what it printed; the kills
+    # are of separate `python -m tokrecord` processes (start_cli).
+    return cli_in_process(list(args), CLI_ENV)
 
 
 def start_cli(plan_path: Path, exp: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -212,7 +214,7 @@ def test_state_log_order_and_idle_gaps(faster: SimpleNamespace) -> None:
     ]
     measured = faster.record["protocol"]["idle_gap_seconds_measured"]
     assert set(measured) == {"A1", "B1", "B2", "A2"}
-    assert all(v >= 0.5 for v in measured.values()), measured
+    assert all(v >= faster.plan.idle_gap_s > 0 for v in measured.values()), measured
     # the teacher is captured from the control arm on its own fresh server
     teacher = json.loads((faster.exp / "teacher.json").read_text())
     assert teacher["arm"]["name"] == "control"

@@ -3,11 +3,14 @@ readiness and stopped, a failure quoting the log's error line, nothing written."
 
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 from pathlib import Path
 
-from plan_support import CLI, plan_toml, write_plan
+import pytest
+
+from cli_support import cli_in_process
+from plan_support import plan_toml, write_plan
 from tokrecord.experiment.check import check_plan, static_problems
 from tokrecord.experiment.plan import parse_plan
 
@@ -78,13 +81,14 @@ def test_each_arm_starts_to_readiness_on_the_fake_server(tmp_path: Path) -> None
     assert all(s.ready_s is not None and s.ready_s > 0 for s in result.starts)
 
 
-def test_a_bad_flag_quotes_the_error_line_and_writes_nothing(tmp_path: Path) -> None:
+def test_a_bad_flag_quotes_the_error_line_and_writes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     text = plan_toml("bad").replace(
         "[arms.candidate]", '[arms.candidate]\nextra_args = ["--no-such-flag"]')
     path, _ = write_plan(tmp_path, text)
     before = sorted(p.name for p in tmp_path.iterdir())
-    proc = subprocess.run([*CLI, "run", str(path)], capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
+    monkeypatch.chdir(tmp_path)  # in process (tests/cli_support.py); nothing may appear here
+    proc = cli_in_process(["run", str(path)], {"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
     assert proc.returncode == 2, proc.stderr
     assert "key 'arms.candidate': the candidate arm's server did not start; the server log " \
            "says: " in proc.stderr
@@ -93,11 +97,11 @@ def test_a_bad_flag_quotes_the_error_line_and_writes_nothing(tmp_path: Path) -> 
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no tokrecord-runs/
 
 
-def test_plan_check_command_passes_and_reports(tmp_path: Path) -> None:
+def test_plan_check_command_passes_and_reports(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     path, _ = write_plan(tmp_path, plan_toml("ok"))
-    proc = subprocess.run([sys.executable, "-m", "tokrecord", "plan", "check", str(path),
-                           "--no-start"], capture_output=True, text=True, timeout=60,
-                          cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    proc = cli_in_process(["plan", "check", str(path), "--no-start"], dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     assert "plan check passed: program and files exist" in proc.stdout
 

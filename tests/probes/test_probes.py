@@ -360,15 +360,16 @@ def test_real_leg_idle_gates_and_telemetry_share_the_leg_clock(tmp_path: Path) -
 
 
 def test_probe_command_table_json_and_bad_criterion() -> None:
-    import subprocess
+    from cli_support import cli_in_process
 
-    cli = [sys.executable, "-m", "tokrecord", "probe", "--interval", "0.1"]
+    # In process (tests/cli_support.py): what `probe` prints and exits with.
+    cli = ["probe", "--interval", "0.1"]
     env = {"COLUMNS": "160", "PATH": "/usr/bin:/bin", "TERM": "dumb"}
-    table = subprocess.run(cli, capture_output=True, text=True, timeout=60, env=env)
+    table = cli_in_process(cli, env)
     assert table.returncode == 0, table.stderr
     assert "CPU util" in table.stdout and "snapshot 1/1:" in table.stdout
-    as_json = subprocess.run([*cli, "--json", "--count", "2", "--idle", "host_cpu_max_pct=100"],
-                             capture_output=True, text=True, timeout=60, env=env)
+    as_json = cli_in_process([*cli, "--json", "--count", "2", "--idle", "host_cpu_max_pct=100"],
+                             env)
     assert as_json.returncode == 0, as_json.stderr
     decoder = json.JSONDecoder()
     text, docs = as_json.stdout.strip(), []
@@ -378,8 +379,7 @@ def test_probe_command_table_json_and_bad_criterion() -> None:
         text = text[end:].strip()
     assert len(docs) == 2 and all(d["busy"] == [] for d in docs)  # 100 % is never exceeded
     assert docs[0]["host"]["cpu_count"] >= 1
-    bad = subprocess.run([*cli, "--idle", "host_cpu_max=5"], capture_output=True, text=True,
-                         timeout=60, env=env)
+    bad = cli_in_process([*cli, "--idle", "host_cpu_max=5"], env)
     assert bad.returncode == 2 and "host_cpu_max" in bad.stderr
 
 

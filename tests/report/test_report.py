@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import cli_in_process
 from golden_support import GOLDEN, UPDATE, golden  # noqa: F401
 from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.client import CountSource, RowTrace
@@ -282,7 +283,8 @@ CLI = [sys.executable, "-m", "tokrecord"]
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {"COLUMNS": "100", "PATH": "/usr/bin:/bin", "TERM": "dumb",
            "TOKRECORD_CONFIG_DIR": os.environ["TOKRECORD_CONFIG_DIR"]}
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, env=env)
+    # In process (tests/cli_support.py): these tests are about what `report` prints and writes.
+    return cli_in_process(list(args), env)
 
 
 def flat(text: str) -> str:

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from cli_support import cli_in_process
 from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.experiment.plan import parse_plan
 from tokrecord.experiment.runner import run_experiment
@@ -155,9 +155,8 @@ def test_fresh_experiment_report_from_the_cli(browser: Browser, fresh: Path) -> 
            "TOKRECORD_CONFIG_DIR": os.environ["TOKRECORD_CONFIG_DIR"]}
     if os.environ.get("TOKRECORD_CHROMIUM"):
         env["TOKRECORD_CHROMIUM"] = os.environ["TOKRECORD_CHROMIUM"]
-    proc = subprocess.run([sys.executable, "-m", "tokrecord", "report", str(fresh),
-                           "--screenshot", str(shot)], capture_output=True, text=True, timeout=300,
-                          env=env)
+    # In process (tests/cli_support.py): what `report` writes and prints.
+    proc = cli_in_process(["report", str(fresh), "--screenshot", str(shot)], env)
     assert proc.returncode == 0, proc.stderr
     out = " ".join(proc.stdout.split())
     assert "evidence verified: every file matches the signed manifest" in out

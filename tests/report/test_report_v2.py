@@ -14,14 +14,13 @@ import math
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
 
+from cli_support import cli_in_process
 from golden_support import golden
 from paths import FIXTURES as FIXTURES_DIR
 from tokrecord.cli.view import print_experiment, verdict_lines
@@ -256,8 +255,8 @@ def test_a_v1_record_verifies_and_reports_from_the_cli(tmp_path: Path) -> None:
     checked = load_report(copy).verification
     assert checked.checked and checked.ok, checked.problems
     env = {"COLUMNS": "120", "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TERM": "dumb"}
-    proc = subprocess.run([sys.executable, "-m", "tokrecord", "report", str(copy)],
-                          capture_output=True, text=True, timeout=300, env=env)
+    # In process (tests/cli_support.py): what `report` writes and prints.
+    proc = cli_in_process(["report", str(copy)], env)
     assert proc.returncode == 0, proc.stderr
     assert "verified" in proc.stdout and "NOT verified" not in proc.stdout
     assert "paired bootstrap" in (tmp_path / "v1.report.md").read_text()

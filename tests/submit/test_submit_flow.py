@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from cli_support import cli_in_process
 from paths import FIXTURES as FIXTURES_DIR
 from plan_support import MAX_TOKENS, TOPICS, plan_toml, suite_jsonl, write_plan
 from tokrecord.evidence import canonical_json, read_jsonl
@@ -440,8 +441,8 @@ def test_cli_dry_run_send_check_and_the_key_is_in_no_file(
     outputs: list[str] = []
 
     def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([PY, "-m", "tokrecord", "submit", str(record), *args],
-                              capture_output=True, text=True, timeout=120, env=env)
+        # In process (tests/cli_support.py): ten commands, about what they print and exit with.
+        proc = cli_in_process(["submit", str(record), *args], env)
         outputs.append(proc.stdout + proc.stderr)
         return proc
 

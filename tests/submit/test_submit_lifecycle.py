@@ -19,8 +19,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_submit_flow import KEY, OPTS, PY, addendum, posts, standin
+from test_submit_flow import KEY, OPTS, addendum, posts, standin
 
+from cli_support import cli_in_process
 from plan_support import FAKE_ARGV, plan_toml, write_plan
 from tokrecord.evidence import read_jsonl
 from tokrecord.evidence.seal import parse_manifest, signer_fingerprint
@@ -70,9 +71,10 @@ def _env(tmp_path: Path, trust: Path | None = None, **extra: str) -> dict[str, s
             "TOKRECORD_CONFIG_DIR": str(config), **extra}
 
 
-def _cli(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "tokrecord", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    # In process (tests/cli_support.py): these tests are about what the commands print,
+    # write and exit with, and run up to seven of them each.
+    return cli_in_process(list(args), env)
 
 
 # ------------------------------------------------------------------------ evidence

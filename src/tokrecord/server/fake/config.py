@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 from tokrecord.errors import ConfigError
-from tokrecord.server.fake.constants import DEFAULT_MODEL, DIALECT_NAMES, ENV_PREFIX
-from tokrecord.server.process import LEG_ENV
+from tokrecord.server.fake.constants import DEFAULT_MODEL, DIALECT_NAMES, ENV_PREFIX, LEG_ENV
 
 
 @dataclass(frozen=True)

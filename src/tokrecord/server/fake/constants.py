@@ -17,3 +17,8 @@ LAST_CHUNK = b"0\r\n\r\n"
 FINISH_REASONS = ("stop", "length", "abort")
 # What --dialect accepts (tokrecord.server.fake.dialects has one module per engine).
 DIALECT_NAMES = ("vllm", "llama.cpp", "sglang", "openai")
+# tokrecord.server.process.LEG_ENV, the leg name the harness exports to every server it
+# starts. Spelled here, not imported: tokrecord.server.process pulls in every engine
+# adapter and numpy, which tripled each fake server's start-up (0.45 s of CPU, not 0.1 s).
+# tests/server/test_fake_server.py checks that the two spellings agree.
+LEG_ENV = "TOKRECORD_LEG"
