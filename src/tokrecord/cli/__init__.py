@@ -475,8 +475,9 @@ def demo(
         min=60, help="Seconds `make demo` may take, install included: sizes the llama.cpp "
         "design.")] = DEMO_BUDGET_S,
     sequential: Annotated[bool, typer.Option(
-        "--sequential", help="llama.cpp: run the budget's blocks sequentially (a look after "
-        "each, Pocock spending) and stop as soon as the effect is decided.")] = False,
+        "--sequential/--fixed", help="llama.cpp: run the budget's blocks sequentially (a look "
+        "after each, Pocock spending) and stop as soon as the effect is decided (the "
+        "default), or run every block of the fixed design.")] = True,
 ) -> None:
     """A full preregistered ABBA on a local engine: on llama.cpp, plain decoding vs
     draft-model speculative decoding, in as many blocks as fit the budget."""
