@@ -201,3 +201,15 @@ def test_sequential_claim_names_the_stop_and_the_repeated_interval() -> None:
     lines = sequential_claim_lines(found, 2)
     assert lines[0].startswith("claim: the candidate is FASTER by +35.0 % [repeated 95 % CI ")
     assert lines[0].endswith("; stopped after block 1 of 2: 4 legs not run")
+
+
+def test_the_demo_is_sequential_unless_asked_for_the_fixed_design() -> None:
+    """Issue 32: `make demo` runs sequentially and stops once its effect is decided."""
+    from typer.testing import CliRunner
+
+    from tokrecord.cli import app
+
+    out = CliRunner().invoke(app, ["demo", "--help"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0
+    assert "--sequential" in out.output and "--fixed" in out.output
+    assert "[default: sequential]" in out.output
