@@ -39,7 +39,10 @@ design, while a large effect stops early. Pocock-like spending stops earlier on
 average for effects near the design's but its last boundary is wider.
 
 The estimate at the stop is the plain one, which early stopping biases away from zero
-(a run stops early when its estimate happens to be large); the record says so.
+(a run stops early when its estimate happens to be large); the record says so, and
+gives beside it the bias-adjusted estimate (`adjusted_estimate`, Whitehead 1986),
+computed on simulated paths of the same model (`draw_paths`, `run_paths`: any design
+of units and boundaries, so a sweep can use them too).
 """
 
 from __future__ import annotations
