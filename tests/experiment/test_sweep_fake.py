@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -67,6 +68,17 @@ def test_record_has_the_sweep_and_validates(sweep: SimpleNamespace) -> None:
     assert record.record_gate.candidate_lower_start_tok_s > 600
     best_legs = {"B1", "B2", "B3"}  # arm B is tok_s=1000: the headline is its slowest leg
     assert record.metric_accounting.headline_leg in best_legs
+
+
+def test_submit_refuses_a_sweep_before_verifying_and_names_its_best_arm(
+        sweep: SimpleNamespace) -> None:
+    from tokrecord.submit.facts import SubmitError, load_facts
+
+    def never(_: Path) -> list[Any]:
+        raise AssertionError("a sweep must be refused before it is verified")
+
+    with pytest.raises(SubmitError, match=r"design 'sweep'.*best arm is tok_s=1000"):
+        load_facts(sweep.exp, verify=never)
 
 
 def test_verify_recomputes_the_sweep(sweep: SimpleNamespace, tmp_path: Path) -> None:

@@ -185,6 +185,13 @@ def refuse_no_claim(record: AnyRecord) -> None:
             "it measures the machine's noise floor and makes no speed claim, so there is "
             "nothing to submit. Submit an ABBA or single-leg record; use this one as the "
             "noise of a plan's power (noise.from_records)")
+    if isinstance(record, ExperimentRecordV2) and record.protocol.design == "sweep":
+        best = record.sweep.analysis.best if record.sweep is not None else None
+        raise SubmitError(
+            "this is a sweep (design 'sweep'): submitting a sweep's chosen arm is not supported "
+            "yet, since a leaderboard entry is one configuration against its prior. "
+            + (f"Its best arm is {best}: run an ABBA of that arm against the prior and submit "
+               "that record" if best else "It singled out no best arm, so there is no claim"))
 
 
 def candidate_legs(record: AbbaRecord) -> tuple[str, ...]:
