@@ -7,19 +7,23 @@ run ten commands.
 arguments after `tokrecord`, and `env` holding the variables the command may read (the
 rest of the test process's environment is hidden from it, as a subprocess given `env=`
 would not see it either). The CLI sizes its consoles once, at import, from $COLUMNS when
-its output is not a terminal (cli._pipe_width): here they take `env`'s COLUMNS for the call.
+its output is not a terminal (cli.app._pipe_width): here they take `env`'s COLUMNS for the call.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 from collections.abc import Mapping
 
 from typer.testing import CliRunner
 
-from tokrecord import cli
 from tokrecord.cli import app
+
+# The consoles live in the module tokrecord.cli.app, whose name the package's `app` (the
+# Typer) shadows as an attribute: import the module by its full name.
+cli = importlib.import_module("tokrecord.cli.app")
 
 
 def cli_in_process(args: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
