@@ -599,9 +599,8 @@ def test_cli_refuses_an_aa_record(tmp_path: Path) -> None:
     shutil.copytree(FIXTURES / "report" / "v2-aa", record)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLUMNS": "300", "TERM": "dumb",
            "TOKRECORD_CONFIG_DIR": str(tmp_path / "cfg")}
-    proc = subprocess.run([PY, "-m", "tokrecord", "submit", str(record), "--url",
-                           f"http://127.0.0.1:{closed_port()}", "--hf-id", "x/y"],
-                          capture_output=True, text=True, timeout=120, env=env)
+    proc = cli_in_process(["submit", str(record), "--url", f"http://127.0.0.1:{closed_port()}",
+                           "--hf-id", "x/y"], env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     err = " ".join(proc.stderr.split())
     assert "tokrecord: error: this is an A/A experiment (design 'aa'" in err
