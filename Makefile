@@ -30,11 +30,14 @@ engine: setup
 # cores), so it installs only that engine (~5 s): within 10 minutes on a fresh machine.
 # `make demo ENGINE=vllm` runs the vLLM CPU demo instead (its install takes minutes).
 ENGINE ?= llama.cpp
+# The llama.cpp demo is sequential (a look after each block, README "The demo"): it stops
+# as soon as its large effect is decided. `make demo DEMO_ARGS=--fixed` runs every block.
+DEMO_ARGS ?=
 # Exit 3 means the experiment ran and was sealed but a leg was not valid (on a busy machine,
 # usually an idle gate): the demo did its job and says why above, so make does not fail.
 demo: setup
 	$(BIN)/tokrecord engine --engine $(ENGINE)
-	$(BIN)/tokrecord demo --engine $(ENGINE) || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \
+	$(BIN)/tokrecord demo --engine $(ENGINE) $(DEMO_ARGS) || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \
 	  echo "make demo: the experiment is sealed, but a leg was not valid (exit 3): see its gates above"; }
 
 # Measurement fidelity: tokrecord and a stdlib floor client on three paced servers (two

@@ -7,7 +7,7 @@ run ten commands.
 arguments after `tokrecord`, and `env` holding the variables the command may read (the
 rest of the test process's environment is hidden from it, as a subprocess given `env=`
 would not see it either). The CLI sizes its consoles once, at import, from $COLUMNS when
-its output is not a terminal (cli.app._pipe_width): here they take `env`'s COLUMNS for the call.
+its output is not a terminal (cli/app.py, _pipe_width): here they take `env`'s COLUMNS for the call.
 """
 
 from __future__ import annotations
@@ -19,21 +19,20 @@ from collections.abc import Mapping
 
 from typer.testing import CliRunner
 
-from tokrecord.cli import app
+from tokrecord.cli.app import app
 
-# The consoles live in the module tokrecord.cli.app, whose name the package's `app` (the
-# Typer) shadows as an attribute: import the module by its full name.
-cli = importlib.import_module("tokrecord.cli.app")
+# The module, not the Typer object `tokrecord.cli.app` names once the package is imported.
+cli_app = importlib.import_module("tokrecord.cli.app")
 
 
 def cli_in_process(args: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
     hidden: dict[str, str | None] = {name: None for name in os.environ if name not in env}
-    consoles = (cli.out_console, cli.err_console)
+    consoles = (cli_app.out_console, cli_app.err_console)
     widths = [c._width for c in consoles]
     columns = env.get("COLUMNS", "")
     try:
         for c in consoles:
-            c._width = int(columns) if columns.isdigit() else cli.PIPE_WIDTH
+            c._width = int(columns) if columns.isdigit() else cli_app.PIPE_WIDTH
         result = CliRunner().invoke(app, args, env={**hidden, **env}, prog_name="tokrecord")
     finally:
         for c, width in zip(consoles, widths, strict=True):

@@ -194,10 +194,30 @@ def test_the_budget_sized_demo_is_sequential_and_never_longer(models: tuple[Path
 def test_sequential_claim_names_the_stop_and_the_repeated_interval() -> None:
     from tokrecord.demo.plan import sequential_claim_lines
     from tokrecord.experiment.plan import Spending
-    from tokrecord.experiment.sequential import LookInput, analyse
+    from tokrecord.experiment.sequential import Design, LookInput, analyse
 
     found = analyse([LookInput(label="block 1", fraction=0.5, estimate=0.3, se=0.01, df=2)],
                     2, [0.5, 1.0], Spending.POCOCK, 0.95, 0.98, 1.0)
     lines = sequential_claim_lines(found, 2)
     assert lines[0].startswith("claim: the candidate is FASTER by +35.0 % [repeated 95 % CI ")
     assert lines[0].endswith("; stopped after block 1 of 2: 4 legs not run")
+    assert "bias-adjusted" not in lines[1]  # analysed without the design: no adjustment
+    design = Design(units=(1, 2), max_units=2, extra_df=2)
+    adjusted = analyse([LookInput(label="block 1", fraction=0.5, estimate=0.3, se=0.01,
+                                  df=2)], 2, [0.5, 1.0], Spending.POCOCK, 0.95, 0.98, 1.0,
+                       design)
+    assert adjusted.estimate_adjusted_ratio is not None
+    assert f"bias-adjusted {100 * (adjusted.estimate_adjusted_ratio - 1):+.1f} %" in \
+        sequential_claim_lines(adjusted, 2)[1]
+
+
+def test_the_demo_is_sequential_unless_asked_for_the_fixed_design() -> None:
+    """Issue 32: `make demo` runs sequentially and stops once its effect is decided."""
+    from typer.testing import CliRunner
+
+    from tokrecord.cli import app
+
+    out = CliRunner().invoke(app, ["demo", "--help"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0
+    assert "--sequential" in out.output and "--fixed" in out.output
+    assert "[default: sequential]" in out.output

@@ -139,3 +139,22 @@ def test_plan_cost_prints_fixed_and_sequential_and_warns(tmp_path: Path) -> None
     assert seq5["p_faster"] >= 0.88  # the sequential design chosen for 90 % power
     rec = report["recommendation"]
     assert 3 <= rec["rows"] <= 13 and rec["max_blocks"] >= rec["fixed_blocks"]
+
+
+@pytest.mark.parametrize(("section", "key", "why"), [
+    ("max_blocks = 3\nmin_blocks = 4\n", "sequential.max_blocks",
+     "max_blocks (3) is less than min_blocks (4)"),
+    ("max_blocks = 4\nspending = \"haybittle\"\n", "sequential.spending", "'pocock'"),
+])
+def test_plan_commands_name_the_file_and_key_of_a_bad_sequential_section(
+        tmp_path: Path, section: str, key: str, why: str) -> None:
+    """The issue's bad input, through the command line a user types."""
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN + "[sequential]\n" + section)
+    for command in (["plan", "cost", str(plan), "--sd-leg", "1", "--sd-row", "2",
+                     "--start-s", "5", "--row-s", "0.5"],
+                    ["plan", "power", str(plan), "--sd-leg", "1", "--sd-row", "2"]):
+        out = CliRunner().invoke(app, command, env={"COLUMNS": "200"})
+        text = out.output.replace("\n", "")
+        assert out.exit_code != 0
+        assert f"{plan}: key '{key}'" in text and why in text, text

@@ -406,8 +406,9 @@ def demo(
         min=60, help="Seconds `make demo` may take, install included: sizes the llama.cpp "
         "design.")] = DEMO_BUDGET_S,
     sequential: Annotated[bool, typer.Option(
-        "--sequential", help="llama.cpp: run the budget's blocks sequentially (a look after "
-        "each, Pocock spending) and stop as soon as the effect is decided.")] = False,
+        "--sequential/--fixed", help="llama.cpp: run the budget's blocks sequentially (a look "
+        "after each, Pocock spending) and stop as soon as the effect is decided (the "
+        "default), or run every block of the fixed design.")] = True,
     sweep: Annotated[bool, typer.Option(
         "--sweep", help="llama.cpp: a sweep instead of an ABBA: plain decoding against "
         "draft-model speculation at --spec-draft-n-max 1, 2, 4, 6, 8, every arm once per "

@@ -325,7 +325,9 @@ def sequential_claim_lines(seq: SequentialAnalysis, max_blocks: int) -> list[str
     saved = (f"; stopped after block {stopped} of {max_blocks}: {4 * (max_blocks - stopped)} "
              "legs not run" if stopped < max_blocks else f"; ran all {max_blocks} blocks")
     if seq.verdict in (Verdict.FASTER, Verdict.SLOWER):
+        adjusted = ("" if seq.estimate_adjusted_ratio is None else
+                    f"; bias-adjusted {100 * (seq.estimate_adjusted_ratio - 1):+.1f} %")
         return [f"claim: the candidate is {seq.verdict.value} by {interval}{saved}",
                 "  (the estimate is biased away from no change when a run stops early; the "
-                "interval is not)"]
+                f"interval is not{adjusted})"]
     return [f"{seq.verdict.value}: {interval}{saved}"]

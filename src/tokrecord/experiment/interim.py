@@ -12,12 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from scipy import stats as sps
-
 from tokrecord.experiment.leg import LegResult, RowRecord
 from tokrecord.experiment.plan import Plan, SequentialSpec
 from tokrecord.experiment.sequential import Design, LookInput, SequentialAnalysis, analyse
-from tokrecord.experiment.stats import AnalysisLeg, LegFigures, leg_analysis
+from tokrecord.experiment.stats import AnalysisLeg, LegFigures, leg_analysis, t_quantile
 
 
 def leg_figures(result: LegResult, rows: Sequence[RowRecord]) -> LegFigures:
@@ -59,15 +57,18 @@ def look_input(legs: Sequence[AnalysisLeg], block: int, spec: SequentialSpec,
         return LookInput(label=label, fraction=fraction, estimate=None, se=None,
                          df=found.df, reason=found.reason)
     # The fit's standard error, recovered from its interval (t on the fit's df).
-    t = float(sps.t.ppf(0.5 + confidence / 2, found.df))
+    t = t_quantile(0.5 + confidence / 2, found.df)
     se = math.log(found.ci_high / found.ci_low) / (2 * t)
     return LookInput(label=label, fraction=fraction, estimate=math.log(found.ratio), se=se,
                      df=found.df)
 
 
-def sequential_analysis(plan: Plan, legs: Sequence[AnalysisLeg]) -> SequentialAnalysis:
+def sequential_analysis(plan: Plan, legs: Sequence[AnalysisLeg],
+                        adjust: bool = True) -> SequentialAnalysis:
     """The looks the legs allow (only whole blocks count), walked against the plan's
-    preregistered boundaries, stopping at the first that decides."""
+    preregistered boundaries, stopping at the first that decides; with `adjust`, the
+    bias-adjusted estimate at the stop too (a calibration run that reads only the
+    verdict can leave it out)."""
     spec = plan.sequential
     if spec is None:
         raise ValueError("not a sequential plan")
@@ -76,7 +77,8 @@ def sequential_analysis(plan: Plan, legs: Sequence[AnalysisLeg]) -> SequentialAn
     inputs = [look_input(legs, b, spec, plan.verdict.confidence, eq)
               for b in look_blocks(spec) if b <= complete]
     return analyse(inputs, len(look_blocks(spec)), look_fractions(spec), spec.spending,
-                   plan.verdict.confidence, plan.record_confidence, eq, abba_looks(spec))
+                   plan.verdict.confidence, plan.record_confidence, eq, abba_looks(spec),
+                   adjust=adjust)
 
 
 def abba_looks(spec: SequentialSpec) -> Design:
@@ -110,7 +112,7 @@ def blocks_needed(plan: Plan, figures: Mapping[str, LegFigures]) -> int:
     if plan.sequential is None:
         return plan.max_blocks
     legs = analysis_legs(plan, figures)
-    found = sequential_analysis(plan, legs)
+    found = sequential_analysis(plan, legs, adjust=False)
     if found.stopped and found.stopped_at is not None:
         return int(found.stopped_at.split()[-1])
     return min(_whole_blocks(legs) + 1, plan.max_blocks)

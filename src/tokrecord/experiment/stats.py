@@ -27,6 +27,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any, Final
 
 import numpy as np
@@ -270,7 +271,7 @@ def leg_analysis(legs: Sequence[AnalysisLeg], confidence: float, equivalence_pct
     z = np.log(np.array([[leg.figures.row_rates[i] for i in keep] for leg in legs],
                         dtype=np.float64))
     dev = z - z.mean(axis=0)  # the rows' own speed cancels
-    m = np.array([hodges_lehmann(d) for d in dev])
+    m = hodges_lehmann_rows(dev)
     stats = {n: round(float(100 * v), 9) for n, v in zip(names, m, strict=True)}
     n_legs, n_rows = z.shape
     row_sd, row_df = _row_noise(dev - m[:, None], n_legs, n_rows)
@@ -278,9 +279,9 @@ def leg_analysis(legs: Sequence[AnalysisLeg], confidence: float, equivalence_pct
     if isinstance(fit, str):
         return undecided(fit, len(keep), 0, stats)
     tau, se, df, s2 = fit
-    t = float(sps.t.ppf(0.5 + confidence / 2, df))
+    t = t_quantile(0.5 + confidence / 2, df)
     low, high = math.exp(tau - t * se), math.exp(tau + t * se)
-    t_rec = float(sps.t.ppf(0.5 + record_confidence / 2, df))
+    t_rec = t_quantile(0.5 + record_confidence / 2, df)
     rec_low, rec_high = math.exp(tau - t_rec * se), math.exp(tau + t_rec * se)
     leg_var = s2 - HL_VARIANCE_FACTOR * row_sd**2 / n_rows if row_sd is not None else s2
     found = verdict(low, high, equivalence_pct)
@@ -317,10 +318,31 @@ def fit_legs(values: NDArray[np.float64] | Sequence[float], blocks: Sequence[int
     return float(beta[-1]), se, df, s2
 
 
+@lru_cache(maxsize=1024)
+def t_quantile(q: float, df: int) -> float:
+    """scipy's t quantile, remembered: the interim looks ask for the same few again and
+    again."""
+    return float(sps.t.ppf(q, df))
+
+
 def hodges_lehmann(values: NDArray[np.float64]) -> float:
     """Median of the Walsh averages (x_i + x_j) / 2, i <= j."""
-    i, j = np.triu_indices(len(values))
+    i, j = _walsh_pairs(len(values))
     return float(np.median((values[i] + values[j]) / 2))
+
+
+def hodges_lehmann_rows(values: NDArray[np.float64]) -> NDArray[np.float64]:
+    """`hodges_lehmann` of each row of a 2-D array, in one pass (the same figures: the
+    sequential bench and every interim look call it thousands of times)."""
+    i, j = _walsh_pairs(values.shape[1])
+    return np.asarray(np.median((values[:, i] + values[:, j]) / 2, axis=1), dtype=np.float64)
+
+
+@lru_cache(maxsize=64)
+def _walsh_pairs(n: int) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+    i, j = np.triu_indices(n)
+    i.flags.writeable = j.flags.writeable = False  # shared by every caller
+    return i, j
 
 
 def _row_noise(resid: NDArray[np.float64], n_legs: int, n_rows: int) -> tuple[float | None, int]:

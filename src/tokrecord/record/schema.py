@@ -477,8 +477,10 @@ ADDED_WITH_CRASH_SAFETY: Final = frozenset({"clock"})
 ADDED_WITH_ID_EXACTNESS: Final = frozenset({"teacher_exact_compared_by"})
 # Added with the noise diagnostic (issue 33): null where a leg carries no covariates.
 ADDED_WITH_NOISE: Final = frozenset({"noise_diagnostic"})
-# Added with sequential designs: records sealed before have neither.
-ADDED_WITH_SEQUENTIAL: Final = frozenset({"sequential", "max_blocks"})
+# Added with sequential designs: records sealed before have neither. The sequential
+# section's bias-adjusted estimate came a day later (issue 32's second pass).
+ADDED_WITH_SEQUENTIAL: Final = frozenset({"sequential", "max_blocks", "estimate_adjusted_ratio",
+                                          "estimate_adjustment"})
 # Added with sweep designs (issue 34): records sealed before have none.
 ADDED_WITH_SWEEP: Final = frozenset({"sweep"})
 
