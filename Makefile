@@ -79,8 +79,8 @@ test: engine lint
 	$(BIN)/python -m pytest -m "engine or serial" --durations=15 $(PYTEST_ARGS) || rc=$$?; \
 	exit $$rc
 
-# Without the real engine: fake server and pure code only (7.1 min on 2 cores beside other
-# work, load 2.4-4: 5.4 parallel + 1.7 serial; the target is 2 min, issue 28).
+# Without the real engine: fake server and pure code only (6.4 min on 2 cores beside other
+# work, load 0.7-4.2: 6.1 parallel + 0.3 serial; the target is 2 min, issue 28).
 test-fast: setup
 	scripts/ensure-chromium >/dev/null
 	rc=0; \

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import shutil
 import stat
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from cli_support import cli_in_process
 from paths import FIXTURES as FIXTURES_DIR
 from plan_support import events, plan_toml, write_plan
 from tokrecord.errors import ConfigError
@@ -40,16 +39,18 @@ sd_leg_pct = 1.0
 sd_row_pct = 0.5
 """
 
-# Every experiment here reads rates and verdict ratios measured in real time off paced fake
-# servers, and the module's fixtures are shared: the whole module runs in the serial group.
-pytestmark = pytest.mark.serial
+# The experiments here run paced fake servers in real time, but no test checks a speed
+# figure's size: the two-block candidate is 50 % faster (a busy host blurs a 3-row leg by
+# up to some 15 %) and only directions and exact derivations are asserted, so the module
+# runs in the parallel group. An effect's size is bench/fidelity's (the client's rates
+# against the send log) and bench/verdict's (the verdict's calibration).
 
 
 @pytest.fixture(scope="module")
 def two_blocks(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     root = tmp_path_factory.mktemp("blocks")
-    path, plan = write_plan(root, plan_toml("two-blocks", control=2000, candidate=3000, rows=3,
-                                            idle=0, prior="value_tok_s = 1950", extra=POWERED))
+    path, plan = write_plan(root, plan_toml("two-blocks", control=1000, candidate=1500, rows=3,
+                                            idle=0, prior="value_tok_s = 1100", extra=POWERED))
     exp = root / "exp"
     results = run_experiment(plan, exp, plan_text=path.read_bytes())
     finish(exp, build_record(plan, exp, results))
@@ -91,9 +92,9 @@ def test_record_v2_has_every_leg_and_pair(two_blocks: SimpleNamespace) -> None:
     assert record["protocol"]["blocks"] == 2 and record["protocol"]["design"] == "abba"
     va = record["verdict_analysis"]
     assert va["legs"] == 8 and va["blocks"] == 2 and va["df"] == 5 and va["rows_used"] == 3
-    # +50 %: so large that a leg disturbed by this machine's other load (a delivery stall
-    # can move a 3-row leg's headline by 15 %) cannot hide it
-    assert va["ratio"] == pytest.approx(1.5, abs=0.1)
+    # +50 %, so large that no leg disturbed by this machine's other load can flip it: the
+    # direction is checked, the size is bench/verdict's
+    assert va["ratio"] > 1 and va["ci_low"] > 1
     assert record["verdict"] == va["verdict"] == "FASTER"
     assert va["record_verdict"] == "FASTER"
     gate = record["record_gate"]
@@ -130,9 +131,8 @@ def test_aa_experiment_records_the_noise_and_claims_nothing(tmp_path: Path) -> N
     # its noise feeds the planner of a real experiment
     abba = tmp_path / "abba.toml"
     abba.write_text(plan_toml("next", control=2000, candidate=2200, rows=3))
-    out = subprocess.run([sys.executable, "-m", "tokrecord", "plan", "power", str(abba),
-                          "--from", str(exp)], capture_output=True, text=True,
-                         env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}, check=False)
+    out = cli_in_process(["plan", "power", str(abba), "--from", str(exp)],
+                         {"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert f"leg {va['leg_noise_sd_pct']:.3f} %" in out.stdout
     assert "on 2 df" in out.stdout and str(exp / "record.json") in out.stdout

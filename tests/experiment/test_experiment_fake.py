@@ -103,14 +103,17 @@ def reaping(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
 # --------------------------------------------------------------------------- a real ABBA
 
 
-# The tests on `faster` read rates measured in real time off a paced server (a 5 % effect
-# within 1.5 points, a FASTER verdict): they are marked serial, so the experiment runs once,
-# in the serial group, with the cores to itself (tests/conftest.py).
+# The candidate is 30 % faster and the prior sits 10 % above the control: a busy host
+# blurs each leg's rate by a few percent, never by enough to flip which arm is faster, to
+# put a candidate leg below the prior or to lift the verdict's interval off FASTER. So the
+# tests on `faster` check directions (and exact derivations), never an effect's size, and
+# run in the parallel group. The size of an effect is a speed figure: bench/fidelity checks
+# the client's rates against the server's send log, bench/verdict the verdict's calibration.
 @pytest.fixture(scope="module")
 def faster(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     root = tmp_path_factory.mktemp("faster")
-    path, plan = write_plan(root, plan_toml("faster", control=1000, candidate=1050,
-                                            teacher="capture", prior="value_tok_s = 1020"))
+    path, plan = write_plan(root, plan_toml("faster", control=1000, candidate=1300,
+                                            teacher="capture", prior="value_tok_s = 1100"))
     exp = root / "exp"
     results = run_experiment(plan, exp, plan_text=path.read_bytes())
     record = build_record(plan, exp, results)
@@ -119,7 +122,6 @@ def faster(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
                            record=record, record_path=record_path)
 
 
-@pytest.mark.serial
 def test_abba_faster_candidate_sets_a_record(faster: SimpleNamespace) -> None:
     record, results = faster.record, faster.results
     assert list(results) == LEGS
@@ -130,25 +132,24 @@ def test_abba_faster_candidate_sets_a_record(faster: SimpleNamespace) -> None:
         assert run["valid"] is True and run["teacher_exact"] == "5/5" and run["attempts"] == 1
         assert run["headline_tok_s"] == results[name].summary.tok_s_out
         assert run["evidence_sha256"].keys() >= {"summary.json", "rows.json", "events.jsonl"}
-    for name in ("A1", "A2"):
-        assert record["runs"][name]["headline_tok_s"] == pytest.approx(1000, rel=0.05)
-    for name in ("B1", "B2"):
-        assert record["runs"][name]["headline_tok_s"] == pytest.approx(1050, rel=0.05)
+    # Direction: each candidate leg is faster than each control leg.
+    assert min(record["runs"][n]["headline_tok_s"] for n in ("B1", "B2")) > max(
+        record["runs"][n]["headline_tok_s"] for n in ("A1", "A2"))
     quality = record["quality"]
     assert quality["all_legs_teacher_exact"] == "20/20"
     assert quality["all_legs_cross_exact"] is True and quality["all_legs_valid"] is True
     assert quality["retries"] == 0 and quality["full_abba_causal_pass"] is True
     for key, (cand, ctrl) in {"B1_vs_A1": ("B1", "A1"), "B2_vs_A2": ("B2", "A2")}.items():
         pair = record["pair_results"][key]
-        assert pair["headline_delta_pct"] == pytest.approx(5.0, abs=1.5)
+        assert pair["headline_delta_pct"] > 0
         assert pair["headline_delta_pct"] == pytest.approx(
             pct_delta(results[cand].summary.tok_s_out, results[ctrl].summary.tok_s_out), rel=1e-12)
-        assert pair["paired_median_delta_pct"] == pytest.approx(5.0, abs=1.5)
+        assert pair["paired_median_delta_pct"] > 0
         assert pair["candidate_row_wins"].endswith("/5") and pair["passed"] is True
     assert "bootstrap" not in record and record["schema"] == "tokrecord.experiment-record/v2"
     va = record["verdict_analysis"]
-    assert va["ratio"] == pytest.approx(1.05, abs=0.015)
-    assert va["ci_low"] > 1.01 and va["ci_low"] <= va["ratio"] <= va["ci_high"]
+    assert va["ratio"] > 1
+    assert va["ci_low"] > 1 and va["ci_low"] <= va["ratio"] <= va["ci_high"]
     assert va["df"] == 2 and va["blocks"] == 1 and va["legs"] == 4 and va["rows_used"] == 5
     assert va["leg_noise_df"] == 2 and va["leg_noise_sd_pct"] is not None
     assert record["verdict"] == "FASTER" == va["verdict"]
@@ -161,8 +162,8 @@ def test_abba_faster_candidate_sets_a_record(faster: SimpleNamespace) -> None:
     assert gate["candidate_higher_start_tok_s"] == max(heads)
     assert gate["control_lower_start_tok_s"] == min(results[n].summary.tok_s_out
                                                     for n in ("A1", "A2"))
-    assert gate["prior_record_tok_s"] == 1020
-    assert gate["delta_vs_prior_record_tok_s"] == pytest.approx(min(heads) - 1020, rel=1e-12)
+    assert gate["prior_record_tok_s"] == 1100
+    assert gate["delta_vs_prior_record_tok_s"] == pytest.approx(min(heads) - 1100, rel=1e-12)
     assert gate["strict_preregistered_record_pass"] is True and gate["reasons"] == []
     assert record["status"] == "strict_preregistered_record_pass"
     assert record["protocol"]["order"] == ["A1-control", "B1-candidate", "B2-candidate",
@@ -171,14 +172,12 @@ def test_abba_faster_candidate_sets_a_record(faster: SimpleNamespace) -> None:
     assert record["protocol"]["max_tokens"] == MAX_TOKENS
 
 
-@pytest.mark.serial
 def test_record_file_is_what_build_record_returned(faster: SimpleNamespace) -> None:
     assert faster.record_path == faster.exp / "record.json"
     assert read_record(faster.exp) == json.loads(json.dumps(faster.record))
     assert events(faster.exp)[-1]["event"] == "complete"
 
 
-@pytest.mark.serial
 def test_plan_hash_in_every_leg_and_the_record(faster: SimpleNamespace) -> None:
     sha = faster.plan.sha256
     exp = faster.exp
@@ -197,7 +196,6 @@ def test_plan_hash_in_every_leg_and_the_record(faster: SimpleNamespace) -> None:
     assert prereg["legs"] == LEGS
 
 
-@pytest.mark.serial
 def test_state_log_order_and_idle_gaps(faster: SimpleNamespace) -> None:
     kinds = {"preregistered", "leg_start", "leg_end", "teacher_captured", "idle_gap", "complete",
              "resumed", "orphan_server_stopped"}
@@ -220,7 +218,6 @@ def test_state_log_order_and_idle_gaps(faster: SimpleNamespace) -> None:
     assert teacher["arm"]["name"] == "control"
 
 
-@pytest.mark.serial
 def test_completed_plan_is_never_run_again(faster: SimpleNamespace) -> None:
     exp = faster.exp
     state_before = (exp / "experiment.jsonl").read_bytes()
@@ -234,11 +231,10 @@ def test_completed_plan_is_never_run_again(faster: SimpleNamespace) -> None:
         assert sorted(p.name for p in (exp / name).iterdir()) == ["attempt-1"]
 
 
-@pytest.mark.serial
 def test_changed_plan_is_refused_on_a_completed_experiment(faster: SimpleNamespace) -> None:
     exp = faster.exp
     state_before = (exp / "experiment.jsonl").read_bytes()
-    changed = faster.path.read_text().replace("value_tok_s = 1020", "value_tok_s = 1000")
+    changed = faster.path.read_text().replace("value_tok_s = 1100", "value_tok_s = 1000")
     path, plan = write_plan(faster.root / "changed", changed)
     assert plan.name == faster.plan.name and plan.sha256 != faster.plan.sha256
     with pytest.raises(ConfigError, match="holds a different preregistered plan"):
@@ -266,25 +262,33 @@ def test_changed_plan_is_refused_after_preregistration(tmp_path: Path) -> None:
         run_experiment(plan, other)
 
 
-# Rates or waits measured in real time off a paced fake server: serial group (tests/conftest.py).
-@pytest.mark.serial
+# Equal arms, and pairs that must beat +20 % to pass: no load makes an A/A pair pass that,
+# so "no record, and the comparison is why" holds on any host (parallel group). How close
+# to zero an A/A delta lands, and how rarely an A/A verdict says FASTER, are the verdict's
+# calibration: bench/verdict measures them by simulation.
 def test_a_a_experiment_makes_no_record(tmp_path: Path) -> None:
     path, plan = write_plan(tmp_path, plan_toml("aa", control=1000, candidate=1000,
-                                                prior="value_tok_s = 990"))
+                                                prior="value_tok_s = 500",
+                                                extra="[criteria]\nheadline_delta_pct_gt = 20"))
     exp = tmp_path / "exp"
     results = run_experiment(plan, exp, plan_text=path.read_bytes())
     record = build_record(plan, exp, results)
     finish(exp, record)
     assert all(r.valid for r in results.values())
-    for pair in record["pair_results"].values():
-        assert pair["headline_delta_pct"] == pytest.approx(0.0, abs=1.5)
-    assert record["verdict_analysis"]["ratio"] == pytest.approx(1.0, abs=0.015)
-    assert record["verdict"] != "FASTER"
+    for key, (cand, ctrl) in {"B1_vs_A1": ("B1", "A1"), "B2_vs_A2": ("B2", "A2")}.items():
+        pair = record["pair_results"][key]
+        assert pair["headline_delta_pct"] == pytest.approx(
+            pct_delta(results[cand].summary.tok_s_out, results[ctrl].summary.tok_s_out), rel=1e-12)
+        assert pair["passed"] is False
+        assert any("not > 20 %" in c for c in pair["failed_criteria"]), pair["failed_criteria"]
+    va = record["verdict_analysis"]
+    assert va["ci_low"] <= va["ratio"] <= va["ci_high"]
     gate = record["record_gate"]
     assert record["status"] == "no_record"
     assert gate["strict_preregistered_record_pass"] is False
     assert gate["reasons"]
-    # the prior is beaten (~1000 > 990) and every leg is valid: what fails is the comparison
+    # the prior is beaten (~1000 > 500) and every leg is valid: what fails is the comparison
+    assert "not every pair passed its preregistered criteria" in gate["reasons"]
     assert all("prior" not in r and "quality" not in r for r in gate["reasons"]), gate["reasons"]
     assert read_record(exp)["status"] == "no_record"
 
@@ -462,10 +466,11 @@ def test_resume_from_another_working_directory(
 # --------------------------------------------------------------------------- single leg
 
 
-# Rates or waits measured in real time off a paced fake server: serial group (tests/conftest.py).
-@pytest.mark.serial
+# The arm runs at 2000 tok/s against a prior of 1000: a busy host cannot halve the measured
+# rate, so the record passes on any host (parallel group). Every other figure is checked
+# as a derivation of the measured one; the precision of the measured one is bench/fidelity's.
 def test_single_design_one_candidate_leg(tmp_path: Path) -> None:
-    prior = "value_tok_s = 1500\nid = \"prev\"\nbest_exact_tok_s = 1900\ngoal_tok_s = 1800"
+    prior = "value_tok_s = 1000\nid = \"prev\"\nbest_exact_tok_s = 1900\ngoal_tok_s = 1800"
     path, plan = write_plan(tmp_path, plan_toml(
         "single", design="single", control=None, candidate=2000, prior=prior,
         extra='headline = "legacy-inclusive-events"'))
@@ -487,7 +492,7 @@ def test_single_design_one_candidate_leg(tmp_path: Path) -> None:
     assert acc["conventional_interval_formula"] == "99 / (timestamp[100] - timestamp[1])"
     assert acc["timestamped_events"] == 100 and acc["inter_token_intervals"] == 99
     conv, legacy = acc["conventional_interval_value_tok_s"], acc["legacy_inclusive_events_value_tok_s"]
-    assert conv == pytest.approx(2000, rel=0.1)
+    assert 1000 < conv <= 2000 * 1.25  # beats the prior; the arm's rate reached the server
     assert legacy / conv == pytest.approx(100 / 99, rel=1e-9)  # same window, 100 vs 99
     assert acc["published_value_tok_s"] == legacy == s.tok_s_out
     assert acc["chunk_aware_value_tok_s"] == pytest.approx(conv, rel=1e-9)  # one token per chunk
@@ -498,9 +503,9 @@ def test_single_design_one_candidate_leg(tmp_path: Path) -> None:
     value = rec["value_tok_s"]
     assert value == legacy
     assert "conventional" in rec["value_qualification"]
-    assert rec["prior_approved_tok_s"] == 1500 and rec["prior_approved_id"] == "prev"
-    assert rec["delta_vs_approved_tok_s"] == pytest.approx(value - 1500, rel=1e-12)
-    assert rec["delta_vs_approved_pct"] == pytest.approx(100 * (value / 1500 - 1), rel=1e-12)
+    assert rec["prior_approved_tok_s"] == 1000 and rec["prior_approved_id"] == "prev"
+    assert rec["delta_vs_approved_tok_s"] == pytest.approx(value - 1000, rel=1e-12)
+    assert rec["delta_vs_approved_pct"] == pytest.approx(100 * (value / 1000 - 1), rel=1e-12)
     assert rec["prior_best_exact_tok_s"] == 1900
     assert rec["delta_vs_prior_best_exact_pct"] == pytest.approx(100 * (value / 1900 - 1),
                                                                  rel=1e-12)

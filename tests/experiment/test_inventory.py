@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_support import cli_in_process
 from tokrecord.errors import ConfigError
 from tokrecord.experiment.inventory import RunStatus, list_experiments, remove_experiment
 from tokrecord.experiment.runner import experiment_lock
@@ -61,12 +60,11 @@ def test_remove_abandoned_only(tmp_path: Path) -> None:
     assert not new.exists()
 
 
-def test_runs_command_lists(tmp_path: Path) -> None:
+def test_runs_command_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _experiment(tmp_path / "tokrecord-runs", "p-aaa", "p", "2026-12-01T10:00:00Z", done=1)
     _experiment(tmp_path / "tokrecord-runs", "p-bbb", "p", "2026-12-01T11:00:00Z")
-    proc = subprocess.run([sys.executable, "-m", "tokrecord", "runs"], capture_output=True,
-                          text=True, cwd=tmp_path, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
+    monkeypatch.chdir(tmp_path)  # `runs` lists ./tokrecord-runs
+    proc = cli_in_process(["runs"], {"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert "abandoned (superseded by p-bbb)" in lines[1] and "1/4" in lines[1]

@@ -126,15 +126,14 @@ def test_unsealed_directory_is_not_verified(tmp_path: Path) -> None:
 def test_addendum_is_sealed_beside_the_untouched_parent(sealed: Path, tmp_path: Path) -> None:
     import hashlib
     import os
-    import subprocess
+
+    from cli_support import cli_in_process
 
     copy = tmp_path / "exp"
     shutil.copytree(sealed, copy)  # read-only modes are kept: the parent stays untouched
     env = {**os.environ, "COLUMNS": "200"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tokrecord", "addendum", str(copy), "--kind", "re-accounting",
-         "--text", "headline re-stated in the legacy convention"],
-        capture_output=True, text=True, env=env, timeout=120)
+    proc = cli_in_process(["addendum", str(copy), "--kind", "re-accounting",
+                           "--text", "headline re-stated in the legacy convention"], env)
     assert proc.returncode == 0, proc.stderr
     note_dir = tmp_path / "exp.addenda" / "001-re-accounting"
     note = json.loads((note_dir / "addendum.json").read_text())

@@ -13,7 +13,6 @@ import json
 import os
 import select
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -226,33 +225,30 @@ def test_config_errors_name_their_source() -> None:
 # ----------------------------------------------------------------- the server
 
 
-# Real elapsed time is the subject: client-side gaps of 1 ms and a TTFT within 5 ms of the
-# schedule. A busy neighbour delivers them in bursts, so it runs in the serial group.
-@pytest.mark.serial
+# Only checks a busy host cannot break (so it runs in the parallel group): the schedule is
+# exact, nothing is written before it is due, and nothing reaches the client before it was
+# due (one CLOCK_MONOTONIC for both processes). How closely the server keeps its schedule
+# (lateness, the client's gaps) is a speed figure: bench/fidelity reports it as "schedule
+# keeping", on an idle host.
 def test_pacing_matches_schedule(start_server: StartServer) -> None:
     server = start_server("--ttft-ms", "100", "--tok-s", "1000")
     url = f"{server.url}/v1/completions"
     with httpx.Client(timeout=10) as client:
-        # Connect and warm the client first: TTFT is the server's, not connection setup.
         assert client.get(f"{server.url}/health").status_code == 200
         got = stream(client, url, {"prompt": "pace me", "max_tokens": 200, "stream_options": USAGE})
         short = [stream(client, url, {"prompt": "again", "max_tokens": 1}) for _ in range(2)]
     tokens = got.token_events()
     assert len(tokens) == 200
-    gaps = [(b[0] - a[0]) / 1e6 for a, b in itertools.pairwise(tokens)]
-    assert abs(statistics.median(gaps) - 1.0) < 0.05, statistics.median(gaps)
-    # Client TTFT adds request and delivery latency, which a busy machine inflates at
-    # random; the best of three shows the server's own 100 ms (never less).
+    # The server holds the first token 100 ms after reading the request: never less.
     ttfts_ms = [(s.token_events()[0][0] - s.t_send) / 1e6 for s in (got, *short)]
-    assert 100 <= min(ttfts_ms) < 105, ttfts_ms
+    assert min(ttfts_ms) >= 100, ttfts_ms
 
     records = server.settled_log(requests=3)
     first = [r for r in records if r.get("req") == 0]
     chunks = [r for r in first if r["kind"] == "chunk"]
     assert [r["tokens"] for r in chunks] == [[k] for k in range(200)]
-    lateness_ms = [(r["t_ns"] - r["due_ns"]) / 1e6 for r in chunks]
-    assert min(lateness_ms) >= 0
-    assert statistics.median(lateness_ms) < 1.0, statistics.median(lateness_ms)
+    assert min(r["t_ns"] - r["due_ns"] for r in chunks) >= 0
+    assert all(t >= r["due_ns"] for (t, _), r in zip(tokens, chunks, strict=True))
     # The schedule is absolute: due times are exactly 1 ms apart, whatever the lateness.
     dues = [r["due_ns"] for r in chunks]
     assert {b - a for a, b in itertools.pairwise(dues)} == {1_000_000}

@@ -13,6 +13,7 @@ from probes_support import FakeClock
 from tokrecord.engines import ENGINES, EngineName
 from tokrecord.errors import ConfigError, ServerError
 from tokrecord.server import ServerProcess, free_port, port_is_listening, render_argv
+from tokrecord.server.process import ready_poll_wait_s
 
 
 def fake(port: int, *extra: str) -> list[str]:
@@ -50,6 +51,38 @@ def test_never_ready_times_out(tmp_path: Path) -> None:
         server.wait_ready(2, clock=clock, sleep=clock.sleep, engine=ENGINES[EngineName.VLLM])
     assert 2 <= clock() < 3  # it stopped polling at the deadline, not long after
     assert server.cleanup is not None and server.cleanup.passed
+
+
+def test_ready_poll_wait_hand_values() -> None:
+    assert ready_poll_wait_s(0.0, 0.5, 30) == 0.01  # first polls 10 ms apart
+    assert ready_poll_wait_s(0.05, 0.5, 30) == 0.01
+    assert ready_poll_wait_s(1.0, 0.5, 30) == pytest.approx(0.1)  # a tenth of the wait so far
+    assert ready_poll_wait_s(4.0, 0.5, 30) == pytest.approx(0.4)
+    assert ready_poll_wait_s(60.0, 0.5, 30) == 0.5  # then every poll_s, as before
+    assert ready_poll_wait_s(60.0, 0.5, 0.2) == 0.2  # never past the deadline
+    assert ready_poll_wait_s(60.0, 0.5, -1.0) == 0.0
+
+
+# The server is "ready" when the fake clock says so; the polls themselves are real.
+@pytest.mark.parametrize("ready_at", [0.05, 0.65, 70.0])
+def test_a_ready_server_is_found_within_a_tenth_of_its_start(tmp_path: Path, ready_at: float,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    port = free_port()
+    server = ServerProcess(fake(port, "--never-ready"), port=port, log_path=tmp_path / "s.log")
+    clock = FakeClock()
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        clock.sleep(seconds)
+
+    with server:
+        monkeypatch.setattr(server, "_ready", lambda *_: clock() >= ready_at)
+        found = server.wait_ready(120, clock=clock, sleep=sleep, engine=ENGINES[EngineName.VLLM])
+    # A doubling wait found a server ready at 0.65 s at 1.13 s.
+    assert ready_at <= found <= ready_at + min(0.5, max(0.01, 0.1 * ready_at)) + 1e-9
+    assert waits[0] == 0.01 and max(waits) <= 0.5
 
 
 def test_wrong_model_is_named(tmp_path: Path) -> None:

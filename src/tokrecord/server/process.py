@@ -260,6 +260,23 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
+READY_POLL_FIRST_S = 0.01
+READY_POLL_LATE_FRACTION = 0.1
+
+
+def ready_poll_wait_s(elapsed_s: float, poll_s: float, left_s: float) -> float:
+    """How long to wait before the next readiness poll.
+
+    Polls start READY_POLL_FIRST_S apart and then wait a tenth of the time already
+    waited, up to poll_s, never past the deadline: a server is found at most about 10 %
+    (and 10 ms) after it became ready, whether that takes 0.1 s (llama.cpp, the fake
+    server) or 90 s (vLLM on a CPU); the ready time is evidence. A doubling wait
+    overshot by up to half the time waited (a fake ready in 0.65 s was found at 1.13 s).
+    """
+    wait = min(poll_s, max(READY_POLL_FIRST_S, READY_POLL_LATE_FRACTION * elapsed_s))
+    return max(0.0, min(wait, left_s))
+
+
 class ServerProcess:
     """One server process started for one leg. Use as a context manager."""
 
@@ -377,7 +394,6 @@ class ServerProcess:
         proc = self._proc
         if proc is None:
             raise ServerError("server was not started")
-        polls = 0
         t0 = clock()
         deadline = t0 + timeout_s
         with httpx.Client(base_url=self.base_url, timeout=5.0) as http:
@@ -405,10 +421,7 @@ class ServerProcess:
                     )
                 if on_poll is not None:
                     on_poll(now - t0)
-                # Quick polls at first: llama.cpp is ready in tens of milliseconds, and
-                # the ready time is evidence; then every poll_s for slow engines.
-                sleep(min(poll_s, 0.01 * 2 ** polls, max(0.0, deadline - now)))
-                polls += 1
+                sleep(ready_poll_wait_s(now - t0, poll_s, deadline - now))
 
     def exposed(self) -> list[str]:
         """Where the server's processes listen beyond loopback (empty when only on
