@@ -79,8 +79,8 @@ test: engine lint
 	$(BIN)/python -m pytest -m "engine or serial" --durations=15 $(PYTEST_ARGS) || rc=$$?; \
 	exit $$rc
 
-# Without the real engine: fake server and pure code only (6.4 min on 2 cores beside other
-# work, load 0.7-4.2: 6.1 parallel + 0.3 serial; the target is 2 min, issue 28).
+# Without the real engine: fake server and pure code only (4.6 min on 2 cores, quiet machine:
+# 4.4 parallel + 0.2 serial; the target is 2 min, issue 28).
 test-fast: setup
 	scripts/ensure-chromium >/dev/null
 	rc=0; \
