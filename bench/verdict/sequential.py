@@ -44,6 +44,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from bench.verdict import sim
 from bench.verdict.sim import BASE_TOK_S, ROW_SPEED_SD, ROWS
 from tokrecord.experiment.interim import sequential_analysis
 from tokrecord.experiment.plan import Criteria, Plan, Spending, abba_design, parse_plan
@@ -80,14 +81,8 @@ def seq_plan(max_blocks: int, spending: Spending, min_blocks: int = 2) -> Plan:
 
 
 @dataclass
-class Tally:
-    trials: int = 0
-    faster: int = 0
-    slower: int = 0
-    no_difference: int = 0
-    undecided: int = 0
-    strict_record: int = 0
-    covered: int = 0
+class Tally(sim.Tally):
+    """The fixed designs' tally (verdicts, records, coverage) plus where each run stopped."""
     legs: int = 0
     stops: dict[str, int] = field(default_factory=dict)
     # Sums of the estimate's error at the stop (log ratio x 100 less the truth): plain,
@@ -95,9 +90,6 @@ class Tally:
     error_sum: float = 0.0
     adjusted_error_sum: float = 0.0
     adjusted: int = 0
-
-    def rate(self, n: int) -> float:
-        return n / self.trials if self.trials else math.nan
 
     def add(self, found: Verdict, record: bool, covered: bool, legs: int, at: str,
             error: float = 0.0, adjusted_error: float | None = None) -> None:
