@@ -162,6 +162,196 @@ interval_s = 0.25
 """
 
 
+# ---- interleaved: the baseline and one condition alternating leg by leg -------------
+
+# An arm cannot carry its own argv prefix (taskset, setarch), so the server starts through
+# this wrapper in both arms: it runs the server under GPUX_WRAP when the arm sets it, and
+# plainly (exec, so the pid is the server's) when it does not.
+WRAP_SH = '#!/bin/sh\nif [ -n "$GPUX_WRAP" ]; then exec $GPUX_WRAP "$@"; fi\nexec "$@"\n'
+
+
+def interleave_plan_text(*, cond: Condition, arm: str, server: str, models: Path, suite: Path,
+                         teacher: str, wrapper: Path, blocks: int, idle_gap_s: float = 1.5,
+                         draft_n_max: int = 8, notes: str = "") -> str:
+    """An ABBA whose control is the baseline and whose candidate is `cond`, on one arm: the
+    two alternate leg by leg in the same blocks, so drift and passing episodes fall on both
+    and their leg sds can be compared without the time-order confound of separate A/As.
+    Only the server side of a condition applies (the client is one process for both)."""
+    if cond.client_prefix and not cond.server_prefix:
+        raise SystemExit(f"condition {cond.name}: client-only, cannot alternate per leg")
+    if cond.burners or cond.drop_args:
+        raise SystemExit(f"condition {cond.name}: host load and dropped flags cannot alternate "
+                         "per leg in this script")
+    argv = [str(wrapper), server, "-m", "{model}", "-a", SERVED_MODEL, "--host", "{host}",
+            "--port", "{port}", "-np", "1", "--no-cache-prompt", "--no-warmup", "--metrics",
+            "--seed", "0", "-c", "2048", "-ngl", "99"]
+    base_extra: list[str] = []
+    if arm == "draft":
+        base_extra = ["--spec-type", "draft-simple", "-md", str((models / "draft-f16.gguf").resolve()),
+                      "--spec-draft-n-max", str(draft_n_max), "-ngld", "99"]
+    cand_env = dict(cond.env)
+    if cond.server_prefix:
+        cand_env["GPUX_WRAP"] = " ".join(cond.server_prefix)
+    return f"""# Written by scripts/gpu_noise.py interleave (issue 33): baseline vs one condition.
+name = {_toml(f"h200-noise-interleaved-{cond.name}-{arm}")}
+design = "abba"
+blocks = {blocks}
+teacher = {_toml(teacher)}
+engine = "llama.cpp"
+endpoint = "native"
+headline = "chunk-aware"
+idle_gap_s = {idle_gap_s!r}
+suite = {_toml(str(suite.resolve()))}
+notes = {_toml(f"interleaved: {arm} decoding, baseline (control) vs {cond.name} (candidate): "
+               f"{cond.description}. {notes}")}
+
+[server]
+argv = {_toml(argv)}
+model = {_toml(str((models / "target-f16.gguf").resolve()))}
+served_model = {_toml(SERVED_MODEL)}
+ready_timeout_s = 120.0
+
+[arms.control]
+description = {_toml(f"{arm} decoding, no hygiene")}
+extra_args = {_toml(base_extra)}
+
+[arms.candidate]
+description = {_toml(f"{arm} decoding, {cond.description}")}
+extra_args = {_toml([*base_extra, *cond.extra_args])}
+env = {_toml(cand_env)}
+
+[idle]
+interval_s = 0.5
+consecutive = 2
+timeout_s = 60.0
+host_cpu_max_pct = {cond.host_cpu_max_pct!r}
+device_util_max_pct = 5.0
+device_mem_used_max_mib = 1024
+device_processes_max = 0
+
+[telemetry]
+interval_s = 0.25
+"""
+
+
+def interleaved_summary(exp: Path, *, condition: str, arm: str) -> dict[str, Any]:
+    """Each arm's leg figures in run order and two sds per arm, with their intervals and
+    the baseline / condition ratio (F interval):
+    * the sd of the arm's log leg figures (df n - 1): drift is in it, but it falls on both
+      arms alike since they alternate;
+    * the within-block sd (each block has two legs of each arm: df one per block), free of
+      drift between blocks."""
+    by_arm: dict[str, list[tuple[str, float]]] = {"control": [], "candidate": []}
+    for line in _jsonl(exp / "experiment.jsonl"):
+        if line.get("event") != "leg_end" or line.get("leg") == "teacher" \
+                or line.get("status") != "complete":
+            continue
+        run_dir = exp.joinpath(*Path(str(line.get("run_dir", ""))).parts[-2:])
+        s_path = run_dir / "summary.json"
+        if not s_path.exists():
+            continue
+        fig = (json.loads(s_path.read_text()).get("summary") or {}).get("tok_s_out")
+        leg = str(line["leg"])
+        if fig:
+            by_arm["control" if leg.startswith("A") else "candidate"].append((leg, float(fig)))
+    out: dict[str, Any] = {"condition": condition, "arm": arm, "experiment": exp.name,
+                           "design": "interleaved", "arms": {}}
+    for name, legs in by_arm.items():
+        logs = [math.log(x) for _, x in legs]
+        blocks: dict[str, list[float]] = {}
+        for (leg, _), lg in zip(legs, logs, strict=True):
+            # ABBA names each arm's legs 1, 2 in block 1, 3, 4 in block 2, ...
+            blocks.setdefault(str((int(leg[1:]) + 1) // 2), []).append(lg)
+        pairs = [v for v in blocks.values() if len(v) == 2]
+        arm_out: dict[str, Any] = {"legs": [{"leg": leg, "tok_s": x} for leg, x in legs],
+                                   "n_legs": len(legs)}
+        if len(logs) >= 3:
+            sd = 100 * statistics.stdev(logs)
+            arm_out.update(mean_tok_s=math.exp(statistics.fmean(logs)), sd_pct=sd,
+                           df=len(logs) - 1, sd_ci=list(sd_interval(sd, len(logs) - 1)))
+        if len(pairs) >= 2:
+            # (x1 - x2)^2 / 2 estimates the variance on one df per block.
+            wsd = 100 * math.sqrt(statistics.fmean([(a - b) ** 2 / 2 for a, b in pairs]))
+            arm_out.update(sd_within_pct=wsd, df_within=len(pairs),
+                           sd_within_ci=list(sd_interval(wsd, len(pairs))))
+        out["arms"][name] = arm_out
+    c, t = out["arms"]["control"], out["arms"]["candidate"]
+    if c.get("sd_pct") and t.get("sd_pct"):
+        out["ratio"] = list(sd_ratio_interval(c["sd_pct"], c["df"], t["sd_pct"], t["df"]))
+    if c.get("sd_within_pct") and t.get("sd_within_pct"):
+        out["ratio_within"] = list(sd_ratio_interval(c["sd_within_pct"], c["df_within"],
+                                                     t["sd_within_pct"], t["df_within"]))
+    return out
+
+
+def interleaved_table(d: Mapping[str, Any]) -> str:
+    def cell(a: Mapping[str, Any], key: str, df: str, ci: str) -> str:
+        if a.get(key) is None:
+            return "-"
+        lo, hi = a[ci]
+        return f"{a[key]:.2f} ({a[df]}) [{lo:.2f}, {hi:.2f}]"
+
+    rows = ["| arm | legs | mean tok/s | sd of leg figures % (df) [95 % CI] | "
+            "within-block sd % (df) [95 % CI] |", "|---|---|---|---|---|"]
+    for name, label in (("control", "baseline"), ("candidate", d["condition"])):
+        a = d["arms"][name]
+        rows.append(f"| {label} | {a['n_legs']} | {a.get('mean_tok_s', float('nan')):.0f} | "
+                    f"{cell(a, 'sd_pct', 'df', 'sd_ci')} | "
+                    f"{cell(a, 'sd_within_pct', 'df_within', 'sd_within_ci')} |")
+    for key, label in (("ratio", "sd of leg figures"), ("ratio_within", "within-block sd")):
+        if d.get(key):
+            r, lo, hi = d[key]
+            rows.append(f"\nbaseline / {d['condition']}, {label}: {r:.2f} [{lo:.2f}, {hi:.2f}]")
+    return "\n".join(rows) + "\n"
+
+
+def run_interleaved(*, work: Path, out: Path, server: str, models: Path, key: str,
+                    notes: str, blocks: int, deadline: float | None = None,
+                    host_cpu_max: float | None = None) -> int:
+    cname, arm = key.split(":")
+    cond = conditions()[cname]
+    if host_cpu_max is not None:  # a rehearsal on a shared machine
+        cond = dataclasses.replace(cond, host_cpu_max_pct=max(host_cpu_max, cond.host_cpu_max_pct))
+    noise = work / "noise"
+    noise.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    suite = noise / "suite-128.jsonl"
+    if not suite.exists():
+        write_suite(suite)
+    wrapper = noise / "wrap.sh"
+    wrapper.write_text(WRAP_SH)
+    wrapper.chmod(0o755)
+    teacher_file = noise / "teacher.json"
+    teacher = str(teacher_file) if teacher_file.exists() else "capture"
+    exp = noise / f"il-{cname}-{arm}"
+    plan = noise / f"plan-il-{cname}-{arm}.toml"
+    if not plan.exists():  # kept: the same command resumes an interrupted run
+        plan.write_text(interleave_plan_text(cond=cond, arm=arm, server=server, models=models,
+                                             suite=suite, teacher=teacher, wrapper=wrapper,
+                                             blocks=blocks, notes=notes))
+    print(f"== interleaved {key}: baseline vs {cond.description} ({time.strftime('%H:%M:%S')})",
+          flush=True)
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "tokrecord", "run", str(plan), "--out", str(exp)])
+    try:
+        rc = proc.wait(timeout=None if deadline is None else max(1.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        # Out of device time: tokrecord stops its server on SIGTERM; the legs done so far
+        # are summarised below (and the same command resumes the plan on this machine).
+        print(f"== interleaved {key}: the deadline came, stopping the run", flush=True)
+        proc.terminate()
+        rc = proc.wait(timeout=60)
+    print(f"== interleaved {key}: exit {rc} after {time.time() - t0:.0f} s", flush=True)
+    if not (exp / "experiment.jsonl").exists():
+        return 1
+    s = interleaved_summary(exp, condition=cname, arm=arm)
+    s["wall_s"] = time.time() - t0
+    (out / "noise-interleaved.jsonl").write_text(json.dumps(s, sort_keys=True) + "\n")
+    (out / "noise-interleaved.md").write_text(interleaved_table(s))
+    print(interleaved_table(s), flush=True)
+    return 0
+
+
 # ---- one experiment as a summary -----------------------------------------------------
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -385,7 +575,7 @@ def run_all(*, work: Path, out: Path, server: str, models: Path, deadline: float
 def tar_experiments(work: Path, out: Path, limit_bytes: int = 15 * 2**20) -> None:
     """Every A/A's evidence in one tar; the raw reads and event logs go first if too big."""
     noise = work / "noise"
-    exps = sorted(p for p in noise.glob("aa-*") if p.is_dir())
+    exps = sorted(p for p in [*noise.glob("aa-*"), *noise.glob("il-*")] if p.is_dir())
     dest = out / "noise-exps.tar.gz"
     for skip in ((), ("raw-reads.bin", "events.jsonl"),
                  ("raw-reads.bin", "events.jsonl", "telemetry.jsonl", "server.log")):
@@ -532,6 +722,20 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--blocks", type=int, default=BLOCKS)
     r.add_argument("--host-cpu-max", type=float, default=None,
                    help="lift the idle gate's host CPU threshold (a rehearsal on a busy machine)")
+    il = sub.add_parser("interleave", help="one ABBA: the baseline vs one condition, alternating")
+    il.add_argument("--work", type=Path, required=True)
+    il.add_argument("--out", type=Path, required=True)
+    il.add_argument("--server", required=True)
+    il.add_argument("--models", type=Path, required=True)
+    il.add_argument("--key", required=True, help="condition:arm, e.g. pin:draft")
+    il.add_argument("--notes", default="")
+    il.add_argument("--blocks", type=int, default=8)
+    il.add_argument("--deadline", type=float, default=None, help="unix time")
+    il.add_argument("--host-cpu-max", type=float, default=None,
+                    help="lift the idle gate's host CPU threshold (a rehearsal on a busy machine)")
+    ils = sub.add_parser("interleaved-summary", help="an interleaved ABBA's directory as a table")
+    ils.add_argument("exp", type=Path)
+    ils.add_argument("--key", required=True)
     t = sub.add_parser("tar", help="the A/As' evidence as one tar in OUT")
     t.add_argument("--work", type=Path, required=True)
     t.add_argument("--out", type=Path, required=True)
@@ -564,6 +768,17 @@ def main(argv: list[str] | None = None) -> int:
         return run_all(work=args.work, out=args.out, server=args.server, models=args.models,
                        deadline=args.deadline, only=args.only, notes=args.notes, blocks=args.blocks,
                        host_cpu_max=args.host_cpu_max)
+    if args.cmd == "interleave":
+        return run_interleaved(work=args.work, out=args.out, server=args.server,
+                               models=args.models, key=args.key, notes=args.notes,
+                               blocks=args.blocks, deadline=args.deadline,
+                               host_cpu_max=args.host_cpu_max)
+    if args.cmd == "interleaved-summary":
+        cname, arm = args.key.split(":")
+        d = interleaved_summary(args.exp, condition=cname, arm=arm)
+        print(json.dumps(d, sort_keys=True))
+        sys.stdout.write(interleaved_table(d))
+        return 0
     if args.cmd == "tar":
         tar_experiments(args.work, args.out)
         return 0

@@ -67,3 +67,59 @@ def test_analyse_compares_with_the_same_sessions_baseline(gpu_noise: ModuleType)
     f_hi = stats.f.ppf(0.975, 8, 8)
     assert (lo, hi) == pytest.approx((r / math.sqrt(f_hi), r * math.sqrt(f_hi)))
     assert f"{r:.2f} [{lo:.2f}, {hi:.2f}]" in gpu_noise.analyse(lines, None)
+
+
+def _fake_interleaved(tmp: Path, figures: dict[str, float]) -> Path:
+    """An ABBA directory as far as the interleaved summary reads it: experiment.jsonl's
+    leg_end lines and each leg's summary.json."""
+    import json
+
+    exp = tmp / "il-pin-draft"
+    lines = [{"event": "leg_end", "leg": "teacher", "status": "complete"}]
+    for leg, fig in figures.items():
+        run = exp / leg / "attempt-1"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"summary": {"tok_s_out": fig}}))
+        lines.append({"event": "leg_end", "leg": leg, "status": "complete",
+                      "run_dir": f"/elsewhere/{leg}/attempt-1"})
+    lines.append({"event": "leg_end", "leg": "A9", "status": "failed", "run_dir": "x/y"})
+    (exp / "experiment.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return exp
+
+
+def test_interleaved_summary_by_hand(gpu_noise: ModuleType, tmp_path: Path) -> None:
+    # Two ABBA blocks in run order: A1 B1 B2 A2 | B3 A3 A4 B4.
+    figs = {"A1": 100.0, "B1": 110.0, "B2": 108.0, "A2": 104.0,
+            "B3": 111.0, "A3": 98.0, "A4": 101.0, "B4": 109.0}
+    d = gpu_noise.interleaved_summary(_fake_interleaved(tmp_path, figs), condition="pin", arm="draft")
+    a, b = d["arms"]["control"], d["arms"]["candidate"]
+    assert [x["leg"] for x in a["legs"]] == ["A1", "A2", "A3", "A4"]
+    assert [x["leg"] for x in b["legs"]] == ["B1", "B2", "B3", "B4"]
+    la = [math.log(figs[k]) for k in ("A1", "A2", "A3", "A4")]
+    assert a["sd_pct"] == pytest.approx(100 * float(np.std(la, ddof=1)))
+    assert a["df"] == 3
+    # Within-block: block 1 holds A1, A2; block 2 A3, A4; (x1 - x2)^2 / 2 per block, averaged.
+    w = math.sqrt(((la[0] - la[1]) ** 2 / 2 + (la[2] - la[3]) ** 2 / 2) / 2)
+    assert a["sd_within_pct"] == pytest.approx(100 * w)
+    assert a["df_within"] == 2
+    lb = [math.log(figs[k]) for k in ("B1", "B2", "B3", "B4")]
+    wb = math.sqrt(((lb[0] - lb[1]) ** 2 / 2 + (lb[2] - lb[3]) ** 2 / 2) / 2)
+    r, lo, hi = d["ratio_within"]
+    assert r == pytest.approx(w / wb)
+    assert lo < r < hi
+    assert "within-block sd" in gpu_noise.interleaved_table(d)
+
+
+def test_interleaving_refuses_a_condition_that_cannot_alternate(gpu_noise: ModuleType,
+                                                                tmp_path: Path) -> None:
+    conds = gpu_noise.conditions()
+    with pytest.raises(SystemExit, match="host load"):
+        gpu_noise.interleave_plan_text(cond=conds["load"], arm="plain", server="s",
+                                       models=tmp_path, suite=tmp_path / "s.jsonl",
+                                       teacher="capture", wrapper=tmp_path / "w.sh", blocks=2)
+    text = gpu_noise.interleave_plan_text(cond=conds["pin"], arm="draft", server="s",
+                                          models=tmp_path, suite=tmp_path / "s.jsonl",
+                                          teacher="capture", wrapper=tmp_path / "w.sh", blocks=2)
+    # The prefix reaches the candidate only, through the wrapper's environment variable.
+    cand = text.split("[arms.candidate]")[1]
+    assert "GPUX_WRAP" in cand and "GPUX_WRAP" not in text.split("[arms.candidate]")[0]
