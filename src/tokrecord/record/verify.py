@@ -57,34 +57,13 @@ from tokrecord.metrics.logfacts import extract_log_facts
 from tokrecord.probes.idle import IdleResult
 from tokrecord.probes.telemetry import read_samples
 from tokrecord.record.build import build_record
-from tokrecord.record.schema import (
-    ADDED_LATER,
-    ADDED_WITH_CRASH_SAFETY,
-    ADDED_WITH_ENGINES,
-    ADDED_WITH_EVIDENCE,
-    ADDED_WITH_ID_EXACTNESS,
-    ADDED_WITH_SEQUENTIAL,
-    ADDED_WITH_SWEEP,
-)
+from tokrecord.record.migrate import added_to_leg_files, leg_has_probes
 from tokrecord.server.process import CleanupReport
 from tokrecord.suite import Suite, parse_suite
 
 # Fields that say where or when, not what was measured: a copied directory keeps its
 # meaning, so these are not compared.
 _VOLATILE = frozenset({"run_dir", "root", "date", "seal", "portable_sealed_evidence", "verify"})
-# Added with the probes (idle gates, telemetry, hardware). Evidence sealed by an
-# earlier tokrecord has none of them and must still verify: when the recorded
-# file lacks one, it is not a difference.
-# The record's keys are schema.ADDED_LATER; a leg summary's idle gates came with them.
-_ADDED_LATER = (ADDED_LATER | ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_WITH_CRASH_SAFETY
-                | ADDED_WITH_ID_EXACTNESS | ADDED_WITH_SEQUENTIAL
-                | {"idle_before", "idle_after", "exactness", "model_release_manifest"}
-                # rows v2: the ids around held-back ones (a v1 row has no such key)
-                | {"gapped_token_ids"}
-                # issue 33: each leg's covariates and the record's noise diagnostic
-                | {"covariates", "noise_diagnostic"}
-                # issue 34: a sweep's section (None in every other record)
-                | ADDED_WITH_SWEEP)
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -103,7 +82,7 @@ def diff(found: Any, expected: Any, field: str = "") -> list[tuple[str, str]]:
                 continue
             sub = f"{field}.{key}" if field else str(key)
             if key not in found:
-                if key not in _ADDED_LATER:
+                if not added_to_leg_files(key):  # evidence sealed before the key existed
                     out.append((sub, "missing from the file"))
             elif key not in expected:
                 out.append((sub, "not produced by recomputation"))
@@ -159,20 +138,20 @@ def _check_leg_files(run_dir: Path) -> None:
 
 def _leg_config(run_dir: Path, base: Path, problems: list[Problem]
                 ) -> tuple[LegConfig | None, bool]:
-    """The leg's configuration, and whether it predates idle gates and telemetry
-    (see _ADDED_LATER)."""
+    """The leg's configuration, and whether it was written with the probes, idle gates
+    and telemetry (record.migrate.leg_has_probes)."""
     raw = _load_json(run_dir / layout.CONFIG, base, problems)
     if raw is None:
-        return None, False
-    legacy = "idle" not in raw.get("leg", {})
+        return None, True
+    probes = leg_has_probes(raw)
     try:
         rows = parse_suite((run_dir / layout.SUITE).read_bytes(), layout.SUITE).rows
         suite = Suite(name=raw["suite"]["name"], sha256=raw["suite"]["sha256"], rows=rows)
-        return LegConfig.model_validate({**raw["leg"], "suite": suite}), legacy
+        return LegConfig.model_validate({**raw["leg"], "suite": suite}), probes
     except (OSError, KeyError, TokrecordError, ValueError) as exc:
         problems.append(Problem(file=_rel(run_dir / layout.CONFIG, base), field="(file)",
                                 message=f"cannot rebuild the leg configuration: {exc}"))
-        return None, legacy
+        return None, probes
 
 
 def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | None]:
@@ -198,7 +177,7 @@ _MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, Recur
 
 def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | None]:
     problems: list[Problem] = []
-    config, legacy = _leg_config(run_dir, base, problems)
+    config, probes = _leg_config(run_dir, base, problems)
     summary_raw = _load_json(run_dir / layout.SUMMARY, base, problems)
     rows_raw = _load_json(run_dir / layout.ROWS, base, problems)
     gates_raw = _load_json(run_dir / layout.GATES, base, problems)
@@ -257,7 +236,7 @@ def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | N
         for field, message in diff(recorded, found, f"idle_{phase}"):
             problems.append(Problem(file=summary_file, field=field, message=message))
     samples, _ = read_samples(run_dir / layout.TELEMETRY)
-    telemetry = None if legacy else leg_telemetry(records, config, summary, samples)
+    telemetry = leg_telemetry(records, config, summary, samples) if probes else None
     recorded_tel = summary_raw.get("telemetry")
     if telemetry is not None and recorded_tel is not None:
         # A sampler problem is appended to the notes when it happens; it is not in the samples.
@@ -277,7 +256,7 @@ def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | N
     gates = evaluate_gates(
         records, config, engine, cleanup, teacher,
         requests=[e for e in events if e.get("kind") == "request"], metrics_before=before,
-        server_log=server_log, idle=None if legacy else idle,
+        server_log=server_log, idle=idle if probes else None,
         # Gates are recomputed by the rule and version they were sealed with.
         rule=gates_rule((gates_raw or rows_raw).get("schema")),
         version=gates_version((gates_raw or rows_raw).get("schema")),
