@@ -36,15 +36,13 @@ from tokrecord.evidence.trust import TRUST_FILE_NAME, Signer, load_trusted, pin
 from tokrecord.experiment.interim import blocks_needed, leg_figures
 from tokrecord.experiment.leg import (
     LegConfig,
+    LegInputs,
     LegResult,
     RowRecord,
-    compute_leg,
-    covariates_of,
+    derive_leg,
     earlier_attempts,
-    evaluate_gates,
     gates_rule,
     idle_snapshots,
-    leg_telemetry,
     load_rows,
 )
 from tokrecord.experiment.plan import Plan
@@ -53,7 +51,6 @@ from tokrecord.gates import gates_version
 from tokrecord.gates.teacher import load_teacher
 from tokrecord.identity import sha256_file
 from tokrecord.metrics import parse_counters, row_metrics
-from tokrecord.metrics.logfacts import extract_log_facts
 from tokrecord.probes.idle import IdleResult
 from tokrecord.probes.telemetry import read_samples
 from tokrecord.record.build import build_record
@@ -123,11 +120,11 @@ _LEG_CAPS = {layout.EVENTS: safe.JSONL_CAP, layout.SUITE: safe.JSONL_CAP,
              layout.LEG_TEACHER: safe.JSON_CAP,
              # The sampler's header, read by probes.telemetry.read_samples (found by
              # bench/hostile: a 1 GB one took 2.2 GB of memory).
-             Path(layout.TELEMETRY).stem + ".probes.json": safe.JSON_CAP,
+             layout.TELEMETRY_PROBES: safe.JSON_CAP,
              # The idle gate's snapshots, read for the leg's covariates (bench/hostile: a
              # re-sealed 1 GB sparse one took 1.4 GB). One line a poll: even a 600 s gate
              # polled every 20 ms writes under 16 MiB.
-             "idle-before.jsonl": IDLE_SNAPSHOTS_CAP, "idle-after.jsonl": IDLE_SNAPSHOTS_CAP}
+             layout.IDLE_BEFORE: IDLE_SNAPSHOTS_CAP, layout.IDLE_AFTER: IDLE_SNAPSHOTS_CAP}
 
 
 def _check_leg_files(run_dir: Path) -> None:
@@ -211,7 +208,32 @@ def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | N
         return parse_counters(path.read_text(encoding="utf-8")) if path.exists() else None
 
     before, after = counters(layout.METRICS_BEFORE), counters(layout.METRICS_AFTER)
-    summary, engine = compute_leg(records, config, before, after)
+    cleanup_raw = _load_json(run_dir / layout.CLEANUP, base, problems) \
+        if (run_dir / layout.CLEANUP).exists() else None
+    cleanup = (CleanupReport.model_validate({k: v for k, v in cleanup_raw.items() if k != "passed"})
+               if cleanup_raw else None)
+    teacher_path = run_dir / layout.LEG_TEACHER
+    teacher = load_teacher(teacher_path) if teacher_path.exists() else None
+    log = run_dir / layout.SERVER_LOG
+    idle_raw = _load_json(run_dir / layout.IDLE, base, problems) \
+        if (run_dir / layout.IDLE).exists() else {}
+    idle: dict[str, IdleResult | None] = {
+        phase: IdleResult.model_validate(v) if v else None for phase, v in (idle_raw or {}).items()}
+    server_log = safe.read_text(log, strict=False) if log.exists() else ""
+    schema = (gates_raw or rows_raw).get("schema")
+    derived = derive_leg(LegInputs(
+        records=records, config=config, metrics_before=before, metrics_after=after,
+        events=events, server_log=server_log,
+        telemetry=read_samples(run_dir / layout.TELEMETRY)[0], cleanup=cleanup,
+        teacher=teacher, idle=idle,
+        # a summary written before issue 33 has no covariates to compare
+        idle_before_snapshots=idle_snapshots(run_dir / layout.IDLE_BEFORE)
+        if "covariates" in summary_raw else None,
+        ready_seconds=summary_raw.get("ready_seconds"),
+        earlier_attempts=earlier_attempts(run_dir), probes=probes,
+        # Gates are recomputed by the rule and version they were sealed with.
+        rule=gates_rule(schema), version=gates_version(schema)))
+    summary, engine, gates = derived.summary, derived.engine, derived.gates
     summary_file = _rel(run_dir / layout.SUMMARY, base)
     for field, message in diff(summary_raw.get("summary"), summary.model_dump(mode="json"),
                                "summary"):
@@ -219,24 +241,13 @@ def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | N
     for field, message in diff(summary_raw.get("engine"),
                                engine.model_dump(mode="json") if engine else None, "engine"):
         problems.append(Problem(file=summary_file, field=field, message=message))
-    cleanup_raw = _load_json(run_dir / layout.CLEANUP, base, problems) \
-        if (run_dir / layout.CLEANUP).exists() else None
-    cleanup = (CleanupReport.model_validate({k: v for k, v in cleanup_raw.items() if k != "passed"})
-               if cleanup_raw else None)
-    teacher = load_teacher(run_dir / "teacher.json") if (run_dir / "teacher.json").exists() else None
-    log = run_dir / layout.SERVER_LOG
-    idle_raw = _load_json(run_dir / layout.IDLE, base, problems) \
-        if (run_dir / layout.IDLE).exists() else {}
-    idle: dict[str, IdleResult | None] = {
-        phase: IdleResult.model_validate(v) if v else None for phase, v in (idle_raw or {}).items()}
     for phase in ("before", "after"):
         recorded = summary_raw.get(f"idle_{phase}")
         got = idle.get(phase)
         found = got.model_dump(mode="json") if got is not None else None
         for field, message in diff(recorded, found, f"idle_{phase}"):
             problems.append(Problem(file=summary_file, field=field, message=message))
-    samples, _ = read_samples(run_dir / layout.TELEMETRY)
-    telemetry = leg_telemetry(records, config, summary, samples) if probes else None
+    telemetry = derived.telemetry
     recorded_tel = summary_raw.get("telemetry")
     if telemetry is not None and recorded_tel is not None:
         # A sampler problem is appended to the notes when it happens; it is not in the samples.
@@ -245,30 +256,17 @@ def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | N
                                telemetry.model_dump(mode="json", by_alias=True)
                                if telemetry else None, "telemetry"):
         problems.append(Problem(file=summary_file, field=field, message=message))
-    covariates = None
-    if "covariates" in summary_raw:  # a summary written before issue 33 has none
-        covariates = covariates_of(records, samples, idle_snapshots(run_dir / "idle-before.jsonl"),
-                                   summary_raw.get("ready_seconds"))
+    covariates = derived.covariates
+    if covariates is not None:
         for field, message in diff(summary_raw["covariates"],
                                    covariates.model_dump(mode="json", by_alias=True), "covariates"):
             problems.append(Problem(file=summary_file, field=field, message=message))
-    server_log = safe.read_text(log, strict=False) if log.exists() else ""
-    gates = evaluate_gates(
-        records, config, engine, cleanup, teacher,
-        requests=[e for e in events if e.get("kind") == "request"], metrics_before=before,
-        server_log=server_log, idle=idle if probes else None,
-        # Gates are recomputed by the rule and version they were sealed with.
-        rule=gates_rule((gates_raw or rows_raw).get("schema")),
-        version=gates_version((gates_raw or rows_raw).get("schema")),
-        earlier_attempts=earlier_attempts(run_dir), telemetry=samples,
-    )
     if "log_facts" in summary_raw:  # a summary written before log facts has none
         recorded = {f.get("name") for f in summary_raw["log_facts"]}
         # An engine default added after the leg ran is not in its evidence and is not a
         # difference; every fact the plan itself declared must be there.
         own = {e.name for e in config.log_facts}
-        facts = [f for f in extract_log_facts(server_log, config.extractors)
-                 if f.name in recorded or f.name in own]
+        facts = [f for f in derived.log_facts if f.name in recorded or f.name in own]
         for field, message in diff(summary_raw["log_facts"],
                                    [f.model_dump(mode="json") for f in facts], "log_facts"):
             problems.append(Problem(file=summary_file, field=field, message=message))
@@ -288,7 +286,7 @@ def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | N
                                 message=f"recorded {result.valid}, gates imply {expected_valid}"))
     # The record is recomputed from these figures, not from the files' own claims.
     return problems, result.model_copy(update={
-        "run_dir": str(run_dir), "summary": summary, "engine": engine, "gates": tuple(gates),
+        "run_dir": str(run_dir), "summary": summary, "engine": engine, "gates": gates,
         "telemetry": telemetry, "valid": expected_valid, "covariates": covariates})
 
 
