@@ -28,7 +28,7 @@ class RequestEvent(_Event):
     row_id: str
     t_send_ns: int
     path: str
-    body: dict[str, Any]
+    body: Mapping[str, Any]
 
 
 class ChunkEvent(_Event):

@@ -31,7 +31,7 @@ class _Entry(BaseModel):
     monotonic_ns: int | None = None  # absent from logs written before crash safety
     boot_id: str | None = None
 
-    def line_fields(self) -> dict[str, Any]:
+    def line_fields(self) -> Mapping[str, Any]:
         """The fields the writer gave, with the event: what goes on the line before stamps."""
         # `event` holds its default, so it is never "set": it is added here.
         return {**self.model_dump(mode="json", exclude_unset=True), "event": self.event}
