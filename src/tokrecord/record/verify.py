@@ -36,6 +36,7 @@ from tokrecord.evidence.trust import TRUST_FILE_NAME, Signer, load_trusted, pin
 from tokrecord.experiment.interim import blocks_needed, leg_figures
 from tokrecord.experiment.leg import (
     LegConfig,
+    LegDerived,
     LegInputs,
     LegResult,
     RowRecord,
@@ -52,7 +53,7 @@ from tokrecord.gates.teacher import load_teacher
 from tokrecord.identity import sha256_file
 from tokrecord.metrics import parse_counters, row_metrics
 from tokrecord.probes.idle import IdleResult
-from tokrecord.probes.telemetry import read_samples
+from tokrecord.probes.telemetry import TelemetrySummary, read_samples
 from tokrecord.record.build import build_record
 from tokrecord.record.migrate import added_to_leg_files, leg_has_probes
 from tokrecord.server.process import CleanupReport
@@ -180,12 +181,47 @@ def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | N
     gates_raw = _load_json(run_dir / layout.GATES, base, problems)
     if config is None or summary_raw is None or rows_raw is None:
         return problems, None
+    replayed = _replay_rows(run_dir, base, config, rows_raw, problems)
+    if replayed is None:
+        return problems, None
+    records, events = replayed
+    derived, idle = _derive_again(run_dir, base, config, records, events, probes, summary_raw,
+                                  (gates_raw or rows_raw).get("schema"), problems)
+    summary_file = _rel(run_dir / layout.SUMMARY, base)
+    telemetry = _compare_summary(summary_raw, derived, idle, config, summary_file, problems)
+    gates = derived.gates
+    if gates_raw is not None:
+        for field, message in diff(gates_raw.get("gates"),
+                                   [g.model_dump(mode="json") for g in gates], "gates"):
+            problems.append(Problem(file=_rel(run_dir / layout.GATES, base), field=field,
+                                    message=message))
+    try:
+        result = LegResult.model_validate(summary_raw)
+    except ValueError as exc:
+        problems.append(Problem(file=summary_file, field="(file)", message=str(exc)))
+        return problems, None
+    expected_valid = all(not g.blocks_validity for g in gates) and result.status == "complete"
+    if result.valid != expected_valid:
+        problems.append(Problem(file=summary_file, field="valid",
+                                message=f"recorded {result.valid}, gates imply {expected_valid}"))
+    # The record is recomputed from these figures, not from the files' own claims.
+    return problems, result.model_copy(update={
+        "run_dir": str(run_dir), "summary": derived.summary, "engine": derived.engine,
+        "gates": gates, "telemetry": telemetry, "valid": expected_valid,
+        "covariates": derived.covariates})
+
+
+def _replay_rows(run_dir: Path, base: Path, config: LegConfig, rows_raw: Any,
+                 problems: list[Problem]
+                 ) -> tuple[list[RowRecord], list[dict[str, Any]]] | None:
+    """Each recorded row re-parsed from the raw events exactly as the live client parsed
+    it, compared with rows.json; with the events. None when they cannot be replayed."""
     try:
         events = read_jsonl(run_dir / layout.EVENTS)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, TornLineError) as exc:
         problems.append(Problem(file=_rel(run_dir / layout.EVENTS, base), field="(file)",
                                 message=f"cannot parse the raw events: {exc}"))
-        return problems, None
+        return None
     records: list[RowRecord] = []
     for stored in rows_raw.get("rows", []):
         i = int(stored["trace"]["row"])
@@ -197,44 +233,60 @@ def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | N
         except (TokrecordError, KeyError, ValueError, IndexError) as exc:
             problems.append(Problem(file=_rel(run_dir / layout.EVENTS, base),
                                     field=f"row {i}", message=str(exc)))
-            return problems, None
+            return None
     rows_file = _rel(run_dir / layout.ROWS, base)
     for field, message in diff(rows_raw.get("rows"), [r.model_dump(mode="json") for r in records],
                                "rows"):
         problems.append(Problem(file=rows_file, field=field, message=message))
+    return records, events
+
+
+def _idle_results(run_dir: Path, base: Path, problems: list[Problem]
+                  ) -> dict[str, IdleResult | None]:
+    idle_raw = _load_json(run_dir / layout.IDLE, base, problems) \
+        if (run_dir / layout.IDLE).exists() else {}
+    return {phase: IdleResult.model_validate(v) if v else None
+            for phase, v in (idle_raw or {}).items()}
+
+
+def _derive_again(run_dir: Path, base: Path, config: LegConfig, records: list[RowRecord],
+                  events: list[dict[str, Any]], probes: bool, summary_raw: Any, schema: object,
+                  problems: list[Problem]) -> tuple[LegDerived, dict[str, IdleResult | None]]:
+    """derive_leg over the sealed files: what the writer derived, derived again (and the
+    idle gates' results it read)."""
 
     def counters(name: str) -> dict[str, float] | None:
         path = run_dir / name
         return parse_counters(path.read_text(encoding="utf-8")) if path.exists() else None
 
-    before, after = counters(layout.METRICS_BEFORE), counters(layout.METRICS_AFTER)
     cleanup_raw = _load_json(run_dir / layout.CLEANUP, base, problems) \
         if (run_dir / layout.CLEANUP).exists() else None
     cleanup = (CleanupReport.model_validate({k: v for k, v in cleanup_raw.items() if k != "passed"})
                if cleanup_raw else None)
     teacher_path = run_dir / layout.LEG_TEACHER
-    teacher = load_teacher(teacher_path) if teacher_path.exists() else None
     log = run_dir / layout.SERVER_LOG
-    idle_raw = _load_json(run_dir / layout.IDLE, base, problems) \
-        if (run_dir / layout.IDLE).exists() else {}
-    idle: dict[str, IdleResult | None] = {
-        phase: IdleResult.model_validate(v) if v else None for phase, v in (idle_raw or {}).items()}
-    server_log = safe.read_text(log, strict=False) if log.exists() else ""
-    schema = (gates_raw or rows_raw).get("schema")
-    derived = derive_leg(LegInputs(
-        records=records, config=config, metrics_before=before, metrics_after=after,
-        events=events, server_log=server_log,
+    idle = _idle_results(run_dir, base, problems)
+    return derive_leg(LegInputs(
+        records=records, config=config, metrics_before=counters(layout.METRICS_BEFORE),
+        metrics_after=counters(layout.METRICS_AFTER), events=events,
+        server_log=safe.read_text(log, strict=False) if log.exists() else "",
         telemetry=read_samples(run_dir / layout.TELEMETRY)[0], cleanup=cleanup,
-        teacher=teacher, idle=idle,
+        teacher=load_teacher(teacher_path) if teacher_path.exists() else None, idle=idle,
         # a summary written before issue 33 has no covariates to compare
         idle_before_snapshots=idle_snapshots(run_dir / layout.IDLE_BEFORE)
         if "covariates" in summary_raw else None,
         ready_seconds=summary_raw.get("ready_seconds"),
         earlier_attempts=earlier_attempts(run_dir), probes=probes,
         # Gates are recomputed by the rule and version they were sealed with.
-        rule=gates_rule(schema), version=gates_version(schema)))
-    summary, engine, gates = derived.summary, derived.engine, derived.gates
-    summary_file = _rel(run_dir / layout.SUMMARY, base)
+        rule=gates_rule(schema), version=gates_version(schema))), idle
+
+
+def _compare_summary(summary_raw: Any, derived: LegDerived, idle: dict[str, IdleResult | None],
+                     config: LegConfig, summary_file: str, problems: list[Problem]
+                     ) -> TelemetrySummary | None:
+    """summary.json against what was derived again; the telemetry summary to count (its
+    notes are the recorded ones)."""
+    summary, engine = derived.summary, derived.engine
     for field, message in diff(summary_raw.get("summary"), summary.model_dump(mode="json"),
                                "summary"):
         problems.append(Problem(file=summary_file, field=field, message=message))
@@ -262,32 +314,15 @@ def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | N
                                    covariates.model_dump(mode="json", by_alias=True), "covariates"):
             problems.append(Problem(file=summary_file, field=field, message=message))
     if "log_facts" in summary_raw:  # a summary written before log facts has none
-        recorded = {f.get("name") for f in summary_raw["log_facts"]}
+        recorded_names = {f.get("name") for f in summary_raw["log_facts"]}
         # An engine default added after the leg ran is not in its evidence and is not a
         # difference; every fact the plan itself declared must be there.
         own = {e.name for e in config.log_facts}
-        facts = [f for f in derived.log_facts if f.name in recorded or f.name in own]
+        facts = [f for f in derived.log_facts if f.name in recorded_names or f.name in own]
         for field, message in diff(summary_raw["log_facts"],
                                    [f.model_dump(mode="json") for f in facts], "log_facts"):
             problems.append(Problem(file=summary_file, field=field, message=message))
-    if gates_raw is not None:
-        for field, message in diff(gates_raw.get("gates"),
-                                   [g.model_dump(mode="json") for g in gates], "gates"):
-            problems.append(Problem(file=_rel(run_dir / layout.GATES, base), field=field,
-                                    message=message))
-    try:
-        result = LegResult.model_validate(summary_raw)
-    except ValueError as exc:
-        problems.append(Problem(file=summary_file, field="(file)", message=str(exc)))
-        return problems, None
-    expected_valid = all(not g.blocks_validity for g in gates) and result.status == "complete"
-    if result.valid != expected_valid:
-        problems.append(Problem(file=summary_file, field="valid",
-                                message=f"recorded {result.valid}, gates imply {expected_valid}"))
-    # The record is recomputed from these figures, not from the files' own claims.
-    return problems, result.model_copy(update={
-        "run_dir": str(run_dir), "summary": summary, "engine": engine, "gates": gates,
-        "telemetry": telemetry, "valid": expected_valid, "covariates": covariates})
+    return telemetry
 
 
 def _leg_dirs(exp_dir: Path) -> dict[str, Path]:
