@@ -13,7 +13,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -349,7 +349,7 @@ class LegInputs:
     config: LegConfig
     metrics_before: Mapping[str, float] | None
     metrics_after: Mapping[str, float] | None
-    events: list[dict[str, Any]]
+    events: Sequence[Mapping[str, Any]]  # events.jsonl's lines
     server_log: str
     telemetry: list[dict[str, Any]]  # the sampler's rows (telemetry.jsonl)
     cleanup: CleanupReport | None
@@ -385,7 +385,7 @@ def derive_leg(ev: LegInputs) -> LegDerived:
     summary, engine = compute_leg(ev.records, ev.config, ev.metrics_before, ev.metrics_after)
     gates = evaluate_gates(
         ev.records, ev.config, engine, ev.cleanup, ev.teacher,
-        requests=[e for e in ev.events if e.get("kind") == "request"],
+        requests=[dict(e) for e in ev.events if e.get("kind") == "request"],
         metrics_before=ev.metrics_before, server_log=ev.server_log,
         idle=ev.idle if ev.probes else None, rule=ev.rule, version=ev.version,
         earlier_attempts=ev.earlier_attempts, telemetry=ev.telemetry)

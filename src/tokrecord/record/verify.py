@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,7 +213,7 @@ def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | N
 
 def _replay_rows(run_dir: Path, base: Path, config: LegConfig, rows_raw: Any,
                  problems: list[Problem]
-                 ) -> tuple[list[RowRecord], list[dict[str, Any]]] | None:
+                 ) -> tuple[list[RowRecord], Sequence[Mapping[str, Any]]] | None:
     """Each recorded row re-parsed from the raw events exactly as the live client parsed
     it, compared with rows.json; with the events. None when they cannot be replayed."""
     try:
@@ -250,8 +250,9 @@ def _idle_results(run_dir: Path, base: Path, problems: list[Problem]
 
 
 def _derive_again(run_dir: Path, base: Path, config: LegConfig, records: list[RowRecord],
-                  events: list[dict[str, Any]], probes: bool, summary_raw: Any, schema: object,
-                  problems: list[Problem]) -> tuple[LegDerived, dict[str, IdleResult | None]]:
+                  events: Sequence[Mapping[str, Any]], probes: bool, summary_raw: Any,
+                  schema: object, problems: list[Problem]
+                  ) -> tuple[LegDerived, dict[str, IdleResult | None]]:
     """derive_leg over the sealed files: what the writer derived, derived again (and the
     idle gates' results it read)."""
 
