@@ -77,7 +77,7 @@ _GATE_NAMES = frozenset({
 })
 _RECORD_FORMS = re.compile(r"\b(ExperimentRecord\w*|SingleLegRecord\w*)\b")
 _DESIGN_BRANCH = re.compile(r"Design\.(SINGLE|AA|ABBA)\b|\.design\s*(==|!=|is\b|in\b)")
-_MIGRATION = "record/migrate.py"  # where issue 30 puts load-time upgrades (not written yet)
+_MIGRATION = "record/migrate.py"  # where issue 30 puts load-time upgrades
 
 
 def _issue30(root: Path, funcs: list[tuple[int, str]]) -> None:

@@ -33,6 +33,7 @@ from tokrecord.evidence import (
     write_exclusive,
 )
 from tokrecord.experiment import runner
+from tokrecord.experiment.journal import LegEnd, LegStart, Resumed
 from tokrecord.experiment.recovery import recover_attempt
 from tokrecord.experiment.runner import (
     ExperimentBusyError,
@@ -102,17 +103,18 @@ def test_a_torn_last_line_is_detected_and_named(tmp_path: Path) -> None:
 
 def test_a_torn_state_log_is_named_and_never_rewritten(tmp_path: Path) -> None:
     state_path = tmp_path / "experiment.jsonl"
-    whole = b'{"event":"leg_end","leg":"A1","attempt":1,"status":"failed","unix":1}\n'
+    whole = (b'{"attempt":1,"event":"leg_end","leg":"A1","run_dir":"A1/attempt-1",'
+             b'"status":"failed","unix":1,"valid":false}\n')
     state_path.write_bytes(whole + b'{"event":"leg_st')
     state = runner._State(state_path)
-    state.append("resumed", plan_sha256="x")
+    state.append(Resumed(plan_sha256="x"))
     data = state_path.read_bytes()
     assert data.startswith(whole + b'{"event":"leg_st\n')  # ended, not replaced
     events = read_jsonl(state_path, skip_torn=True)
     assert [e["event"] for e in events] == ["leg_end", "torn_jsonl", "resumed"]
     assert events[1]["file"] == "experiment.jsonl" and events[1]["line"] == 2
     assert [a["leg"] for a in attempts_log(tmp_path)] == ["A1"]
-    runner._State(state_path).append("again")  # named once only
+    runner._State(state_path).append(Resumed(plan_sha256="x"))  # named once only
     assert sum(e["event"] == "torn_jsonl" for e in read_jsonl(state_path, skip_torn=True)) == 1
 
 
@@ -337,7 +339,7 @@ def test_a_kill_after_the_summary_gets_its_leg_end_on_resume(tmp_path: Path) -> 
 
     run_dir = tmp_path / "B1" / "attempt-1"
     state = runner._State(tmp_path / runner.STATE)
-    state.append("leg_start", leg="B1", arm="candidate", attempt=1, run_dir=str(run_dir))
+    state.append(LegStart(leg="B1", arm="candidate", attempt=1, run_dir=str(run_dir)))
     done = LegResult.model_construct(run_dir=str(run_dir), status="complete", valid=True,
                                      summary=SimpleNamespace(tok_s_out=2100.5))
     runner._record_kept_end(state, "B1", done)
@@ -345,5 +347,5 @@ def test_a_kill_after_the_summary_gets_its_leg_end_on_resume(tmp_path: Path) -> 
     assert runner.attempts_log(tmp_path) == [
         {"leg": "B1", "attempt": 1, "status": "complete", "valid": True, "error": None,
          "run_dir": str(run_dir)}]
-    (end,) = [e for e in runner._State(tmp_path / runner.STATE).events if e["event"] == "leg_end"]
-    assert end["written_on_resume"] is True and end["headline"] == 2100.5
+    (end,) = [e for e in runner._State(tmp_path / runner.STATE).events if isinstance(e, LegEnd)]
+    assert end.written_on_resume is True and end.headline == 2100.5

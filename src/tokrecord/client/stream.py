@@ -20,6 +20,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict
 
 from tokrecord.client.chunked import ChunkedDecoder
+from tokrecord.client.events import ChunkEvent, DoneEvent, EndEvent, RequestEvent, parse_events
 from tokrecord.client.limits import DEFAULT_LIMITS, RowLimitError, RowLimits
 from tokrecord.client.rawlog import HEADER, RAW_CHUNKED, RAW_PLAIN, RAW_READ, RawRow
 from tokrecord.client.sse import SSEDecoder
@@ -560,29 +561,29 @@ def replay_row(
     """Rebuild a row's trace from its raw events.jsonl records, re-parsing every
     payload exactly as the live client did; the recorded per-chunk token counts must
     agree with what the payloads say."""
-    request = next((r for r in records if r["kind"] == "request"), None)
-    end = next((r for r in records if r["kind"] == "end"), None)
-    if request is None or end is None or not end.get("ok"):
+    typed = parse_events(records, "events.jsonl: the row's event")
+    request = next((r for r in typed if isinstance(r, RequestEvent)), None)
+    end = next((r for r in typed if isinstance(r, EndEvent)), None)
+    if request is None or end is None or not end.ok:
         raise StreamError("events.jsonl: the row has no request or no successful end")
-    row_index = int(request["row"])
+    row_index = request.row
     parser = engine.parser(endpoint)
     chunks: list[Chunk] = []
     events = 0
-    for record in records:
-        if record["kind"] == "done":
+    for record in typed:
+        if isinstance(record, DoneEvent):
             events += 1
-        elif record["kind"] == "chunk":
+        elif isinstance(record, ChunkEvent):
             events += 1
-            n, _ids, _text, _finish = parser.parse(json.loads(record["data"]))
-            if n != record["n"]:
+            n, _ids, _text, _finish = parser.parse(json.loads(record.data))
+            if n != record.n:
                 raise StreamError(
-                    f"events.jsonl: row {row_index} event {record['seq']}: recorded n={record['n']}"
+                    f"events.jsonl: row {row_index} event {record.seq}: recorded n={record.n}"
                     f" but its payload carries {n} tokens"
                 )
             if n:
-                chunks.append(Chunk(t_ns=int(record["t_ns"]), n=n))
-    return _trace(row_index, row, int(request["t_send_ns"]), int(end["t_ns"]), chunks, events,
-                  parser)
+                chunks.append(Chunk(t_ns=record.t_ns, n=n))
+    return _trace(row_index, row, request.t_send_ns, end.t_ns, chunks, events, parser)
 
 
 class _ListSink:

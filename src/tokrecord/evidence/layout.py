@@ -28,6 +28,9 @@ METRICS_BEFORE: Final = "metrics-before.prom"
 METRICS_AFTER: Final = "metrics-after.prom"
 CLEANUP: Final = "cleanup.json"
 IDLE: Final = "idle.json"
+IDLE_BEFORE: Final = "idle-before.jsonl"  # each idle gate's snapshots, as taken
+IDLE_AFTER: Final = "idle-after.jsonl"
+TELEMETRY_PROBES: Final = "telemetry.probes.json"  # the sampler's header (probes.telemetry)
 LEG_TEACHER: Final = "teacher.json"
 GATES: Final = "gates.json"
 ROWS: Final = "rows.json"
@@ -65,6 +68,11 @@ RUNTIME_LOCK: Final = "manifests/runtime-lock.json"
 # Exactness documents the record hashes, written with it.
 CROSS_LEG_EXACTNESS: Final = "cross-leg-exactness.json"
 ALL_VS_TEACHER: Final = "all-vs-canonical-teacher.json"
+
+
+def idle_log(phase: str) -> str:
+    """The file of an idle gate's snapshots: IDLE_BEFORE or IDLE_AFTER."""
+    return {"before": IDLE_BEFORE, "after": IDLE_AFTER}[phase]
 
 
 def attempt_dir(leg_dir: Path, attempt: int) -> Path:

@@ -13,7 +13,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -340,10 +340,72 @@ def idle_snapshots(path: Path) -> list[dict[str, Any]]:
     return read_jsonl(path, skip_torn=True) if path.exists() else []
 
 
+@dataclass(frozen=True)
+class LegInputs:
+    """What a leg's results are derived from: its evidence as recorded. The writer has it
+    in memory; verify reads it back from the sealed files (and replays the rows)."""
+
+    records: list[RowRecord]
+    config: LegConfig
+    metrics_before: Mapping[str, float] | None
+    metrics_after: Mapping[str, float] | None
+    events: Sequence[Mapping[str, Any]]  # events.jsonl's lines
+    server_log: str
+    telemetry: list[dict[str, Any]]  # the sampler's rows (telemetry.jsonl)
+    cleanup: CleanupReport | None
+    teacher: Teacher | None
+    idle: Mapping[str, IdleResult | None]
+    # The idle gate's snapshots before the leg; None: the leg recorded no covariates.
+    idle_before_snapshots: list[dict[str, Any]] | None
+    ready_seconds: float | None
+    earlier_attempts: tuple[str | None, ...]
+    # False for a leg sealed before the probes (record.migrate.leg_has_probes): it has
+    # no idle gates and no telemetry summary to derive.
+    probes: bool = True
+    # The teacher-exact rule and the gates file's version the leg was sealed with.
+    rule: int = EXACTNESS_RULE
+    version: int = 0
+
+
+@dataclass(frozen=True)
+class LegDerived:
+    """Everything a leg's result files hold that is computed from its evidence."""
+
+    summary: LegSummary
+    engine: EngineCounters | None
+    telemetry: TelemetrySummary | None
+    gates: tuple[GateResult, ...]
+    log_facts: tuple[LogFactValue, ...]
+    covariates: LegCovariates | None
+
+
+def derive_leg(ev: LegInputs) -> LegDerived:
+    """The one derivation of a leg's results: _write_results writes what it returns, and
+    verify calls it again over the sealed evidence and compares (STYLE 15)."""
+    summary, engine = compute_leg(ev.records, ev.config, ev.metrics_before, ev.metrics_after)
+    gates = evaluate_gates(
+        ev.records, ev.config, engine, ev.cleanup, ev.teacher,
+        requests=[dict(e) for e in ev.events if e.get("kind") == "request"],
+        metrics_before=ev.metrics_before, server_log=ev.server_log,
+        idle=ev.idle if ev.probes else None, rule=ev.rule, version=ev.version,
+        earlier_attempts=ev.earlier_attempts, telemetry=ev.telemetry)
+    covariates = None
+    if ev.idle_before_snapshots is not None:
+        covariates = covariates_of(ev.records, ev.telemetry, ev.idle_before_snapshots,
+                                   ev.ready_seconds)
+    return LegDerived(
+        summary=summary, engine=engine,
+        telemetry=leg_telemetry(ev.records, ev.config, summary, ev.telemetry)
+        if ev.probes else None,
+        gates=tuple(gates),
+        log_facts=tuple(extract_log_facts(ev.server_log, ev.config.extractors)),
+        covariates=covariates)
+
+
 def _idle_gate(run: RunDir, probes: ProbeSet, criteria: IdleCriteria, phase: str,
                obs: LegObserver) -> IdleResult:
     """One idle gate, every snapshot kept in idle-<phase>.jsonl as it is taken."""
-    log = run.jsonl(f"idle-{phase}.jsonl")
+    log = run.jsonl(layout.idle_log(phase))
 
     def keep(snap: Snapshot, reasons: list[str], run_len: int, elapsed: float) -> None:
         log.write({**snap.model_dump(mode="json", by_alias=True), "busy": reasons,
@@ -542,9 +604,17 @@ def _engine_version(http: httpx.Client, engine: Engine) -> dict[str, str] | None
 def _write_results(run: RunDir, config: LegConfig, st: _LegState,
                    teacher: Teacher | None) -> LegResult:
     records, cleanup, idle = st.records, st.cleanup, st.idle
-    summary, engine = compute_leg(records, config, st.before, st.after)
-    samples, _ = read_samples(run.file(layout.TELEMETRY))
-    telemetry = leg_telemetry(records, config, summary, samples)
+    server_log = (run.file(layout.SERVER_LOG).read_text(errors="replace")
+                  if run.file(layout.SERVER_LOG).exists() else "")
+    derived = derive_leg(LegInputs(
+        records=records, config=config, metrics_before=st.before, metrics_after=st.after,
+        events=read_jsonl(run.file(layout.EVENTS)), server_log=server_log,
+        telemetry=read_samples(run.file(layout.TELEMETRY))[0], cleanup=cleanup,
+        teacher=teacher, idle=idle,
+        idle_before_snapshots=idle_snapshots(run.file(layout.IDLE_BEFORE)),
+        ready_seconds=st.ready_s, earlier_attempts=earlier_attempts(run.path)))
+    summary, engine, gates, telemetry = (derived.summary, derived.engine, derived.gates,
+                                         derived.telemetry)
     if telemetry is not None:
         if st.sampler_problem:
             telemetry = telemetry.model_copy(update={"notes": (*telemetry.notes,
@@ -552,15 +622,7 @@ def _write_results(run: RunDir, config: LegConfig, st: _LegState,
         run.write_json(layout.TELEMETRY_SUMMARY, telemetry.model_dump(mode="json", by_alias=True))
     if teacher is not None:
         run.write_json(layout.LEG_TEACHER, teacher.to_json())
-    server_log = (run.file(layout.SERVER_LOG).read_text(errors="replace")
-                  if run.file(layout.SERVER_LOG).exists() else "")
-    gates = evaluate_gates(
-        records, config, engine, cleanup, teacher,
-        requests=[e for e in read_jsonl(run.file(layout.EVENTS)) if e["kind"] == "request"],
-        metrics_before=st.before, server_log=server_log, idle=idle,
-        earlier_attempts=earlier_attempts(run.path), telemetry=samples,
-    )
-    valid, invalid = leg_valid(gates)
+    valid, invalid = leg_valid(list(gates))
     if st.status != "complete":
         valid, invalid = False, [f"leg {st.status}", *invalid]
     result = LegResult(
@@ -576,11 +638,9 @@ def _write_results(run: RunDir, config: LegConfig, st: _LegState,
         teacher_sha256=teacher.sha256 if teacher is not None else None,
         plan_sha256=config.plan_sha256, attempt=config.attempt,
         idle_before=idle.get("before"), idle_after=idle.get("after"), telemetry=telemetry,
-        gates=tuple(gates), valid=valid, invalid_reasons=tuple(invalid),
+        gates=gates, valid=valid, invalid_reasons=tuple(invalid),
         run_dir=str(run.path), engine_name=config.engine_name, engine_version=st.version,
-        log_facts=extract_log_facts(server_log, config.extractors),
-        covariates=covariates_of(records, samples, idle_snapshots(run.file("idle-before.jsonl")),
-                                 st.ready_s),
+        log_facts=derived.log_facts, covariates=derived.covariates,
     )
     run.write_json(layout.GATES, {"schema": SCHEMA_GATES, "valid": valid,
                                   "gates": [g.model_dump(mode="json") for g in gates]})

@@ -13,7 +13,7 @@ import re
 import tomllib
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, Literal, NamedTuple
+from typing import Annotated, Any, Final, Literal, NamedTuple, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -264,43 +264,51 @@ class NoisePlan(_Strict):
         return self
 
 
+# A plan section added after plans were first sealed: the canonical form leaves it out
+# while it holds its default, so a plan sealed before it existed keeps its hash (and its
+# record keeps verifying). Marking the field is the one edit a new section needs.
+_OMITTED_AT_DEFAULT: Final = "omitted from the plan hash at its default"
+_T = TypeVar("_T")
+Later = Annotated[_T, _OMITTED_AT_DEFAULT]
+
+
 class Plan(_Strict):
     schema_id: Literal["tokrecord.plan/v1"] = Field(default=SCHEMA_PLAN, alias="schema")
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     design: Design = Design.ABBA
-    blocks: int = Field(default=1, ge=1, le=50)  # ABBA blocks (abba and aa designs)
+    blocks: Later[int] = Field(default=1, ge=1, le=50)  # ABBA blocks (abba and aa designs)
     # The smallest effect worth claiming, in %: its power is written into the preregistration.
-    min_effect_pct: float | None = Field(default=None, gt=0)
-    noise: NoisePlan | None = None
+    min_effect_pct: Later[float | None] = Field(default=None, gt=0)
+    noise: Later[NoisePlan | None] = None
     # A sequential design ([sequential]): blocks until the stopping rule decides.
-    sequential: SequentialSpec | None = None
+    sequential: Later[SequentialSpec | None] = None
     # The confidence at which the record gate needs FASTER (the verdict uses
     # verdict.confidence): 0.98 two-sided keeps false records in A/A at 1 % or less.
-    record_confidence: float = Field(default=0.98, gt=0.5, lt=1)
+    record_confidence: Later[float] = Field(default=0.98, gt=0.5, lt=1)
     server: ServerPlan
     arms: dict[ArmName, Arm] = Field(default_factory=dict)  # a sweep may give none
     # A sweep ([sweep], design "sweep"): k arms generated from a parameter's values.
     # After `arms` and `server`: its validator reads them.
-    sweep: SweepSpec | None = None
+    sweep: Later[SweepSpec | None] = None
     suite: str | None = None  # path (relative to the plan file) or None: built-in
     suite_rows: int | None = Field(default=None, ge=1)
     teacher: str | None = None  # path, "capture" (from the control arm, fresh server), or None
     # None: inferred from server.argv (each leg's config.json says it was inferred).
-    engine: EngineName | None = None
+    engine: Later[EngineName | None] = None
     endpoint: Endpoint = Endpoint.COMPLETIONS  # omitted: the engine's own default
     headline: Convention = Convention.CONVENTIONAL
     metric: str = "median_tok_s_1_100_after_ttft"
     idle_gap_s: float = Field(default=60.0, ge=0)
-    idle: IdleCriteria = Field(default_factory=IdleCriteria)
-    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    idle: Later[IdleCriteria] = Field(default_factory=IdleCriteria)
+    telemetry: Later[TelemetryConfig] = Field(default_factory=TelemetryConfig)
     request_extra: dict[str, Any] = Field(default_factory=dict)
     # How long and how large a row may be ([row_limits]; client.limits).
-    row_limits: RowLimits = Field(default_factory=RowLimits)
+    row_limits: Later[RowLimits] = Field(default_factory=RowLimits)
     # Facts to read from every leg's server log, on top of the engine's own ([[log_facts]]).
-    log_facts: tuple[LogExtractor, ...] = ()
+    log_facts: Later[tuple[LogExtractor, ...]] = ()
     # Profiler evidence for what the candidate changes ([[components]]), sealed with the
     # experiment: the traces and checks are copied in at preregistration.
-    components: tuple[ComponentSpec, ...] = ()
+    components: Later[tuple[ComponentSpec, ...]] = ()
     gates: GateConfig = Field(default_factory=GateConfig)
     identity: IdentitySpec = Field(default_factory=IdentitySpec)
     gate_kind: Literal["strict-preregistered"] = "strict-preregistered"
@@ -464,7 +472,9 @@ class Plan(_Strict):
         # their defaults, so a plan sealed before they existed keeps its hash (and its
         # record keeps verifying). The criteria a leg actually used are in its
         # config.json and idle.json either way.
-        later = {name for name in _ADDED_LATER if getattr(self, name) == _LATER_DEFAULTS[name]}
+        later = {name for name, field in type(self).model_fields.items()
+                 if _OMITTED_AT_DEFAULT in field.metadata
+                 and getattr(self, name) == field.get_default(call_default_factory=True)}
         return canonical_json(self.model_dump(mode="json", by_alias=True, exclude=later))
 
     @property
@@ -472,13 +482,6 @@ class Plan(_Strict):
         return hashlib.sha256(self.canonical()).hexdigest()
 
 
-_LATER_DEFAULTS: Final[dict[str, Any]] = {"idle": IdleCriteria(), "telemetry": TelemetryConfig(),
-                                           "blocks": 1, "min_effect_pct": None, "noise": None,
-                                           "record_confidence": 0.98, "engine": None,
-                                           "log_facts": (), "components": (),
-                                           "sequential": None, "row_limits": RowLimits(),
-                                           "sweep": None}
-_ADDED_LATER: Final = tuple(_LATER_DEFAULTS)
 
 
 def _friendly(source: str, exc: ValidationError) -> str:

@@ -51,6 +51,28 @@ from tokrecord.evidence.seal import SIGNATURE_NAME
 from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.experiment.components import check_components, copy_components
 from tokrecord.experiment.interim import analysis_legs, leg_figures, sequential_analysis
+from tokrecord.experiment.journal import (
+    Complete,
+    ComponentsCopied,
+    Entry,
+    IdentityCollected,
+    IdleGap,
+    InterimLook,
+    LegEnd,
+    LegIdentity,
+    LegStart,
+    OrphanServerStopped,
+    PortableManifestsWritten,
+    PowerComputed,
+    Preregistered,
+    RawRecovered,
+    Resumed,
+    SequentialStop,
+    TeacherCaptured,
+    TornJsonl,
+    parse_entries,
+    parse_entry,
+)
 from tokrecord.experiment.leg import (
     LegConfig,
     LegObserver,
@@ -127,33 +149,41 @@ class _State:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.events: list[dict[str, Any]] = []
+        self.events: list[Entry] = []
         self._torn: list[int] = []
         self._unterminated = False
         if path.exists():
-            self.events, self._torn = scan_jsonl(path)
+            found, self._torn = scan_jsonl(path)
+            self.events = parse_entries(found, path)
             data = path.read_bytes()
             self._unterminated = bool(data) and not data.endswith(b"\n")
-        self._named = {e.get("line") for e in self.events
-                       if e.get("event") == "torn_jsonl" and e.get("file") == STATE}
+        self._named = {e.line for e in self.events if isinstance(e, TornJsonl) and e.file == STATE}
 
-    def append(self, event: str, **fields: Any) -> None:
+    def append(self, entry: Entry) -> None:
         torn = [n for n in self._torn if n not in self._named]
         if self._unterminated:
             self._write_line(b"\n")
             self._unterminated = False
         for line in torn:
             self._named.add(line)
-            self._write({"event": "torn_jsonl", "file": STATE, "line": line})
-        self._write({"event": event, **fields})
+            self._write(TornJsonl(file=STATE, line=line))
+        self._write(entry)
 
-    def _write(self, fields: dict[str, Any]) -> None:
+    def _write(self, entry: Entry) -> None:
         # Wall time for people; the monotonic clock (and the boot it counts from) for
         # durations, which a wall-clock jump must not move.
-        record = {**fields, "utc": utc_stamp(Stamp.MICROSECONDS), "unix": time.time(),
-                  "monotonic_ns": time.monotonic_ns(), "boot_id": _boot_id()}
+        record = {**entry.line_fields(), "utc": utc_stamp(Stamp.MICROSECONDS),
+                  "unix": time.time(), "monotonic_ns": time.monotonic_ns(), "boot_id": _boot_id()}
         self._write_line(canonical_json(record) + b"\n")
-        self.events.append(record)
+        self.events.append(parse_entry(record, str(self.path)))
+
+    def ends(self) -> list[LegEnd]:
+        return [e for e in self.events if isinstance(e, LegEnd)]
+
+    def ended(self, leg: str, attempt: int | None) -> bool:
+        """Whether the log holds an end of this attempt (matched by leg and number: the
+        same directory may be spelled differently on resume)."""
+        return any(e.leg == leg and e.attempt == attempt for e in self.ends())
 
     def _write_line(self, data: bytes) -> None:
         try:
@@ -169,11 +199,11 @@ class _State:
 
     def last_stop(self) -> tuple[float, int | None, str | None] | None:
         """(unix, monotonic_ns, boot_id) of the last leg's end, if any leg ended."""
-        stops = [e for e in self.events if e["event"] == "leg_end"]
+        stops = self.ends()
         if not stops:
             return None
         last = stops[-1]
-        return float(last["unix"]), last.get("monotonic_ns"), last.get("boot_id")
+        return float(last.unix or 0.0), last.monotonic_ns, last.boot_id
 
 
 def _boot_id() -> str | None:
@@ -308,7 +338,7 @@ def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
                 "new plan a new name or --out"
             )
         state = _State(state_path)
-        completed = any(e["event"] == "complete" for e in state.events)
+        completed = any(isinstance(e, Complete) for e in state.events)
         if (exp_dir / SIGNATURE_NAME).exists() or (
                 completed and not (exp_dir / layout.RECORD).exists()):
             raise ConfigError(
@@ -319,7 +349,7 @@ def preregister(plan: Plan, exp_dir: Path, plan_text: bytes | None) -> _State:
         # and finishing resumes (record.build.finish); nothing is added to a directory
         # whose manifest is already written, or after its `complete`.
         if not completed and not (exp_dir / "manifest.sha256").exists():
-            state.append("resumed", plan_sha256=plan.sha256)
+            state.append(Resumed(plan_sha256=plan.sha256))
         return state
     if exp_dir.exists() and any(exp_dir.iterdir()):
         raise ConfigError(f"{exp_dir} exists and is not an experiment directory")
@@ -351,24 +381,24 @@ def _preregister_into(plan: Plan, out: Path, exp_dir: Path, plan_text: bytes | N
     if plan_text is not None:
         write_exclusive(out / layout.PLAN_TOML, plan_text)
     state = _State(out / STATE)
-    state.append("preregistered", plan_sha256=plan.sha256, name=plan.name,
-                 design=plan.design.value, legs=[n for n, _ in plan.legs])
+    state.append(Preregistered(plan_sha256=plan.sha256, name=plan.name,
+                               design=plan.design.value, legs=[n for n, _ in plan.legs]))
     # A sweep's power is another question (experiment.sweep; `plan power` prints it).
     if plan.min_effect_pct is not None and plan.sweep is None:
         # Named by its final place: the record keeps this string.
         report = power_report(plan, plan_noise(plan, str(exp_dir / layout.PLAN)),
                               len(plan_suite(plan).rows))
         write_exclusive(out / POWER_FILE, canonical_json(report.model_dump(mode="json")) + b"\n")
-        state.append("power_computed", path=POWER_FILE, min_effect_pct=plan.min_effect_pct,
-                     power=report.min_effect_power, blocks=plan.blocks)
+        state.append(PowerComputed(path=POWER_FILE, min_effect_pct=plan.min_effect_pct,
+                                   power=report.min_effect_power, blocks=plan.blocks))
     identity = collect_identity(_identity_spec(plan), out / layout.IDENTITY_DIR,
                                 engine_python(plan), draft_paths(plan))
     write_exclusive(out / layout.IDENTITY, _identity_bytes(identity))
-    state.append("identity_collected", path="identity.json")
+    state.append(IdentityCollected(path="identity.json"))
     written = write_portable_manifests(identity, out)
-    state.append("portable_manifests_written", paths=written)
+    state.append(PortableManifestsWritten(paths=written))
     if plan.components:
-        state.append("components_copied", paths=copy_components(plan.components, out))
+        state.append(ComponentsCopied(paths=copy_components(plan.components, out)))
 
 
 def write_portable_manifests(identity: Identity, exp_dir: Path) -> list[str]:
@@ -450,17 +480,17 @@ def _run_attempts(
     config = make_config(attempt)
     observer.leg_starting(name, config.arm, attempt, index, total)
     if identity is not None:
-        state.append("leg_identity", leg=name, attempt=attempt, **identity())
-    state.append("leg_start", leg=name, arm=config.arm, attempt=attempt, run_dir=str(run_dir))
+        state.append(LegIdentity(leg=name, attempt=attempt, **identity()))
+    state.append(LegStart(leg=name, arm=config.arm, attempt=attempt, run_dir=str(run_dir)))
     try:
         result = run_leg(config, run_dir, observer, teacher=teacher)
     except KeyboardInterrupt:
-        state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
-                     status="interrupted", valid=False, error="interrupted")
+        state.append(LegEnd(leg=name, attempt=attempt, run_dir=str(run_dir),
+                            status="interrupted", valid=False, error="interrupted"))
         raise
     except TokrecordError as exc:
-        state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
-                     status="failed", valid=False, error=str(exc))
+        state.append(LegEnd(leg=name, attempt=attempt, run_dir=str(run_dir),
+                            status="failed", valid=False, error=str(exc)))
         raise
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
@@ -469,11 +499,12 @@ def _run_attempts(
             exc.filename = str(run_dir)
         error = evidence_error(exc)
         with contextlib.suppress(EvidenceError):  # the log may be on the same full disk
-            state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
-                         status="failed", valid=False, error=str(error))
+            state.append(LegEnd(leg=name, attempt=attempt, run_dir=str(run_dir),
+                                status="failed", valid=False, error=str(error)))
         raise error from exc
-    state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
-                 status=result.status, valid=result.valid, headline=result.summary.tok_s_out)
+    state.append(LegEnd(leg=name, attempt=attempt, run_dir=str(run_dir),
+                        status=result.status, valid=result.valid,
+                        headline=result.summary.tok_s_out))
     return result
 
 
@@ -482,12 +513,11 @@ def _record_kept_end(state: _State, name: str, done: LegResult) -> None:
     log never closed: write that end now, from the summary, so that the attempt is
     listed like every other (the record's attempts come from the log)."""
     attempt = layout.attempt_number(Path(done.run_dir))
-    if any(e["event"] == "leg_end" and e.get("leg") == name and e.get("attempt") == attempt
-           for e in state.events):
+    if state.ended(name, attempt):
         return
-    state.append("leg_end", leg=name, attempt=attempt, run_dir=done.run_dir,
-                 status=done.status, valid=done.valid, headline=done.summary.tok_s_out,
-                 written_on_resume=True)
+    state.append(LegEnd(leg=name, attempt=attempt, run_dir=done.run_dir,
+                        status=done.status, valid=done.valid, headline=done.summary.tok_s_out,
+                        written_on_resume=True))
 
 
 def _reconcile(state: _State, leg_dir: Path, stopped: set[tuple[str, int]] | None = None
@@ -502,29 +532,28 @@ def _reconcile(state: _State, leg_dir: Path, stopped: set[tuple[str, int]] | Non
         if status == "complete":
             continue
         attempt = layout.attempt_number(run_dir)
-        # Matched by (leg, attempt): the same directory may be spelled differently on resume.
-        recorded = any(e["event"] == "leg_end" and e.get("leg") == name
-                       and e.get("attempt") == attempt for e in state.events)
+        recorded = state.ended(name, attempt)
         if _stop_orphan(run_dir) or (name, attempt or 0) in (stopped or set()):
-            state.append("orphan_server_stopped", leg=name, attempt=attempt)
+            state.append(OrphanServerStopped(leg=name, attempt=attempt))
         if not recorded:
-            state.append("leg_end", leg=name, attempt=attempt, run_dir=str(run_dir),
-                         status="interrupted", valid=False, error="no result: the run was killed")
+            state.append(LegEnd(leg=name, attempt=attempt, run_dir=str(run_dir),
+                                status="interrupted", valid=False,
+                                error="no result: the run was killed"))
         if status is None and not (run_dir / layout.RECOVERY).exists():
             found = recover_attempt(run_dir)
             if found is not None:
-                state.append("raw_recovered", leg=name, attempt=attempt, **found)
+                state.append(RawRecovered(leg=name, attempt=attempt, **found))
         _name_torn(state, exp_dir, run_dir)
 
 
 def _name_torn(state: _State, exp_dir: Path, run_dir: Path) -> None:
     """A `torn_jsonl` event for each torn line of the attempt's JSONL files, once."""
-    named = {(e.get("file"), e.get("line")) for e in state.events if e["event"] == "torn_jsonl"}
+    named = {(e.file, e.line) for e in state.events if isinstance(e, TornJsonl)}
     for path in sorted(run_dir.glob("*.jsonl")):
         rel = path.relative_to(exp_dir).as_posix()
         for line in scan_jsonl(path)[1]:
             if (rel, line) not in named:
-                state.append("torn_jsonl", file=rel, line=line)
+                state.append(TornJsonl(file=rel, line=line))
 
 
 def _teacher(plan: Plan, exp_dir: Path, suite: Suite, state: _State,
@@ -552,7 +581,7 @@ def _teacher(plan: Plan, exp_dir: Path, suite: Suite, state: _State,
     teacher = teacher_from_run(Path(result.run_dir), leg_config(plan, suite, "teacher", arm, 1),
                                None)
     write_teacher(path, teacher)
-    state.append("teacher_captured", path=str(path), sha256=teacher.sha256, arm=arm)
+    state.append(TeacherCaptured(path=str(path), sha256=teacher.sha256, arm=arm))
     return teacher
 
 
@@ -596,19 +625,19 @@ def _next_block_wanted(plan: Plan, state: _State, results: dict[str, LegResult],
     stopping rule wants this block."""
     found = sequential_analysis(plan, analysis_legs(plan, {
         name: leg_figures(r, load_rows(Path(r.run_dir))) for name, r in results.items()}))
-    logged = {e.get("look") for e in state.events if e["event"] == "interim_look"}
+    logged = {e.look for e in state.events if isinstance(e, InterimLook)}
     for look in found.looks:
         if look.label not in logged:
-            state.append("interim_look", look=look.label, statistic=look.statistic,
-                         boundary=look.boundary, df=look.df, verdict=look.verdict.value,
-                         action=look.action.value)
+            state.append(InterimLook(look=look.label, statistic=look.statistic,
+                                     boundary=look.boundary, df=look.df,
+                                     verdict=look.verdict.value, action=look.action.value))
             progress = getattr(obs, "interim_look", None)
             if callable(progress):
                 progress(look)
     if found.stopped:
-        if not any(e["event"] == "sequential_stop" for e in state.events):
-            state.append("sequential_stop", at=found.stopped_at, verdict=found.verdict.value,
-                         legs=len(results), max_legs=4 * plan.max_blocks)
+        if not any(isinstance(e, SequentialStop) for e in state.events):
+            state.append(SequentialStop(at=found.stopped_at, verdict=found.verdict.value,
+                                        legs=len(results), max_legs=4 * plan.max_blocks))
         return False
     return block <= plan.max_blocks
 
@@ -632,39 +661,45 @@ def _honour_idle_gap(plan: Plan, state: _State, before: str, obs: ExperimentObse
     if wait > 0:
         obs.idle_wait(before, wait)
         sleep(wait)
-    state.append("idle_gap", before=before, seconds=_since(last), minimum=plan.idle_gap_s,
-                 clock="monotonic" if last[2] == _boot_id() and last[1] is not None
-                 else "wall")
+    state.append(IdleGap(before=before, seconds=_since(last), minimum=plan.idle_gap_s,
+                         clock="monotonic" if last[2] == _boot_id() and last[1] is not None
+                         else "wall"))
 
 
 def completed(exp_dir: Path) -> bool:
     """Whether the state log has its `complete` event."""
-    return any(e["event"] == "complete" for e in _State(exp_dir / STATE).events)
+    return any(isinstance(e, Complete) for e in _State(exp_dir / STATE).events)
 
 
 def mark_complete(exp_dir: Path, record_path: Path) -> None:
     """The state log's last event: the record is written; no leg runs after this."""
-    _State(exp_dir / STATE).append("complete", record=str(record_path))
+    _State(exp_dir / STATE).append(Complete(record=str(record_path)))
 
 
 def attempts_log(exp_dir: Path) -> list[dict[str, Any]]:
     """Every leg attempt with its outcome, from the state log."""
     return [
-        {k: e.get(k) for k in ("leg", "attempt", "status", "valid", "error", "run_dir")}
-        for e in read_jsonl(exp_dir / STATE, skip_torn=True) if e["event"] == "leg_end"
+        {"leg": e.leg, "attempt": e.attempt, "status": e.status, "valid": e.valid,
+         "error": e.error, "run_dir": e.run_dir}
+        for e in _read(exp_dir) if isinstance(e, LegEnd)
     ]
 
 
 def leg_identities(exp_dir: Path) -> dict[str, dict[str, Any]]:
     """Per leg, the identity check of its last attempt (the one a record counts)."""
     out: dict[str, dict[str, Any]] = {}
-    for e in read_jsonl(exp_dir / STATE, skip_torn=True):
-        if e["event"] == "leg_identity":
-            out[e["leg"]] = {k: e[k] for k in ("identity_sha256", "matches_preregistered",
-                                               "changed")}
+    for e in _read(exp_dir):
+        if isinstance(e, LegIdentity):
+            out[e.leg] = {"identity_sha256": e.identity_sha256,
+                          "matches_preregistered": e.matches_preregistered, "changed": e.changed}
     return out
 
 
 def idle_gaps(exp_dir: Path) -> dict[str, float]:
-    return {e["before"]: round(float(e["seconds"]), 3)
-            for e in read_jsonl(exp_dir / STATE, skip_torn=True) if e["event"] == "idle_gap"}
+    return {e.before: round(float(e.seconds), 3)
+            for e in _read(exp_dir) if isinstance(e, IdleGap)}
+
+
+def _read(exp_dir: Path) -> list[Entry]:
+    path = exp_dir / STATE
+    return parse_entries(read_jsonl(path, skip_torn=True), path)

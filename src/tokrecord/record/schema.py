@@ -13,7 +13,7 @@ not a number and ``1`` is not ``true``.
 
 Readers load a record with ``load_record``: by its schema id, as ``validate_record``
 checks it, except that a v1 record sealed before the probes (idle gates, telemetry,
-hardware) lacks the keys they added (``ADDED_LATER``), which it then reads as None.
+hardware) lacks the keys they added (``record.migrate``), which it then reads as None.
 
 ``python -m tokrecord.record.schema`` prints the JSON Schema; the packaged copy
 ``tokrecord/data/record.schema.json`` is that output (a test keeps them equal).
@@ -59,7 +59,7 @@ from tokrecord.experiment.sweep import SweepSection
 from tokrecord.gates import GateResult, GateStatus
 from tokrecord.metrics import Convention, SpeculativeCounters
 from tokrecord.probes.telemetry import TelemetrySummary
-from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
+from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE, migrate
 
 SCHEMA_ID: Final = "tokrecord.record/v1"
 SCHEMA_URL: Final = "https://tokrecord.dev/schemas/tokrecord.record/v1.json"
@@ -90,23 +90,14 @@ EvidenceHashes = dict[EvidenceName, Sha256]
 SingleHashes = dict[EvidenceName | Literal["exactness", "identity", "model_release_manifest",
                                            "runtime_lock"], Sha256 | None]
 
-# Keys added to records with the probes (idle gates, telemetry, hardware). A v1 record
-# sealed by an earlier tokrecord has none of them and must still be read (verify skips
-# them likewise): their fields default to None, which a reader takes as "not recorded";
-# validate_record still requires every one of them in a record that is written.
-ADDED_LATER: Final = frozenset({
-    "telemetry", "hardware", "idle_before_and_after_all_legs", "same_hardware_all_legs",
-    "prestart_idle_seconds", "poststop_idle_seconds", "prestart_idle_snapshots",
-    "poststop_idle_snapshots", "idle_passed"})
-
-
 def _not_null(value: Any) -> Any:
     if value is None:
         raise ValueError("either absent (a record sealed before the probes) or a boolean, never null")
     return value
 
 
-# A boolean of ADDED_LATER: None only where a record sealed before the probes lacks it.
+# A boolean added with the probes (migrate.ADDED_LATER): None only where a record sealed
+# before the probes lacks it.
 LaterBool = Annotated[bool | None, AfterValidator(_not_null), WithJsonSchema({"type": "boolean"})]
 
 
@@ -459,32 +450,6 @@ class LogFactFound(_Section):
     per_rank: dict[str, Any]
 
 
-# Added with the engine adapters: records sealed before have none (a reader sees None).
-ADDED_WITH_ENGINES: Final = frozenset({"server_log_facts", "graph", "speculative",
-                                       "identity_sha256", "source_identity_passed_all_legs"})
-# Added with the seeds' remaining evidence (components, exactness documents, portable
-# manifests, the single-leg treatment): likewise absent from records sealed before.
-ADDED_WITH_EVIDENCE: Final = frozenset({
-    "component_evidence", "all_vs_canonical_teacher", "all_vs_canonical_teacher_sha256",
-    "cross_leg_exactness", "cross_leg_exactness_sha256", "portable_model_manifest",
-    "portable_model_manifest_sha256", "runtime_lock", "runtime_lock_sha256", "treatment",
-    "record_blockers", "source_identity_passed", "model", "unchanged_record_stack",
-    "prefix_history_response_reuse", "bundle", "patch", "prior_recheck"})
-# Added with crash safety (bench.chaos): the stamps' clock, named in the accounting.
-ADDED_WITH_CRASH_SAFETY: Final = frozenset({"clock"})
-# Added with leg gates v2 (rows compared by ids wherever complete): how each leg's
-# teacher-exact rows were compared.
-ADDED_WITH_ID_EXACTNESS: Final = frozenset({"teacher_exact_compared_by"})
-# Added with the noise diagnostic (issue 33): null where a leg carries no covariates.
-ADDED_WITH_NOISE: Final = frozenset({"noise_diagnostic"})
-# Added with sequential designs: records sealed before have neither. The sequential
-# section's bias-adjusted estimate came a day later (issue 32's second pass).
-ADDED_WITH_SEQUENTIAL: Final = frozenset({"sequential", "max_blocks", "estimate_adjusted_ratio",
-                                          "estimate_adjustment"})
-# Added with sweep designs (issue 34): records sealed before have none.
-ADDED_WITH_SWEEP: Final = frozenset({"sweep"})
-
-
 class PriorRecheck(_Section):
     """The prior approved row, fetched from the public API at preregistration."""
 
@@ -695,7 +660,6 @@ Record = Annotated[AnyRecord, Field(discriminator="schema_id")]
 RECORD_ADAPTER: TypeAdapter[AnyRecord] = TypeAdapter(Record)
 _RECORD_MODELS: Final = (ExperimentRecord, ExperimentRecordV2, SingleLegRecord)
 _OPTIONAL_KEYS: Final = frozenset({"seal"})  # of the record models only
-_V1_MODELS: Final = (ExperimentRecord, SingleLegRecord)  # the forms written before the probes
 
 
 # -- validation ---------------------------------------------------------------------------
@@ -704,24 +668,21 @@ _V1_MODELS: Final = (ExperimentRecord, SingleLegRecord)  # the forms written bef
 def validate_record(obj: Mapping[str, Any], *, source: str = "record",
                     sealed_before_probes_ok: bool = False) -> AnyRecord:
     """The record as a model; ConfigError naming the first bad key path when it is not one.
-    With sealed_before_probes_ok, a v1 record may lack the keys of ADDED_LATER (a reader's
-    view of old evidence); a record to be written must have them all."""
+    With sealed_before_probes_ok (a reader's view of old evidence), a record may lack the
+    keys added after its form was sealed (record.migrate); a record to be written must
+    have them all. A schema id newer than this tokrecord knows is refused (migrate)."""
     try:
         text = json.dumps(dict(obj), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: not a JSON document: {exc}") from exc
+    migrate.check_record_version(obj, source)
     try:
         record = RECORD_ADAPTER.validate_json(text, strict=True)
     except ValidationError as exc:
         raise ConfigError(_describe(source, obj, exc.errors())) from exc
-    # The ABBA v1 form is only ever recomputed, never written anew: it has none of the
-    # keys added with the engines.
-    added = (ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_WITH_CRASH_SAFETY
-             | ADDED_WITH_ID_EXACTNESS | ADDED_WITH_NOISE)
-    later = added if isinstance(record, ExperimentRecord) else frozenset()
-    if sealed_before_probes_ok:  # a reader's view of evidence sealed by an older tokrecord
-        later = added | (ADDED_LATER if isinstance(record, _V1_MODELS) else later)
-    missing = _first_unset(record, (), later | ADDED_WITH_SEQUENTIAL | ADDED_WITH_SWEEP)
+    # Which keys an older form may lack is the migration table's to say.
+    later = migrate.absent_ok(record.schema_id, sealed=sealed_before_probes_ok)
+    missing = _first_unset(record, (), later)
     if missing is not None:
         raise ConfigError(f"{source}: key '{_dotted(missing)}': Field required")
     if isinstance(record, ExperimentRecordV2):
@@ -789,7 +750,7 @@ def _data_path(obj: Any, loc: Sequence[int | str]) -> tuple[int | str, ...]:
 def _first_unset(value: Any, path: tuple[int | str, ...],
                  later: frozenset[str]) -> tuple[int | str, ...] | None:
     """The first key a model filled from a default: the writer always emits it, so a record
-    without it is not one tokrecord wrote (keys in later excepted: see ADDED_LATER)."""
+    without it is not one tokrecord wrote (keys in later excepted: see record.migrate)."""
     if isinstance(value, BaseModel):
         optional = _OPTIONAL_KEYS if isinstance(value, _RECORD_MODELS) else frozenset()
         for name, field in type(value).model_fields.items():

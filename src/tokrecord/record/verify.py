@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,15 +36,14 @@ from tokrecord.evidence.trust import TRUST_FILE_NAME, Signer, load_trusted, pin
 from tokrecord.experiment.interim import blocks_needed, leg_figures
 from tokrecord.experiment.leg import (
     LegConfig,
+    LegDerived,
+    LegInputs,
     LegResult,
     RowRecord,
-    compute_leg,
-    covariates_of,
+    derive_leg,
     earlier_attempts,
-    evaluate_gates,
     gates_rule,
     idle_snapshots,
-    leg_telemetry,
     load_rows,
 )
 from tokrecord.experiment.plan import Plan
@@ -53,38 +52,16 @@ from tokrecord.gates import gates_version
 from tokrecord.gates.teacher import load_teacher
 from tokrecord.identity import sha256_file
 from tokrecord.metrics import parse_counters, row_metrics
-from tokrecord.metrics.logfacts import extract_log_facts
 from tokrecord.probes.idle import IdleResult
-from tokrecord.probes.telemetry import read_samples
+from tokrecord.probes.telemetry import TelemetrySummary, read_samples
 from tokrecord.record.build import build_record
-from tokrecord.record.schema import (
-    ADDED_LATER,
-    ADDED_WITH_CRASH_SAFETY,
-    ADDED_WITH_ENGINES,
-    ADDED_WITH_EVIDENCE,
-    ADDED_WITH_ID_EXACTNESS,
-    ADDED_WITH_SEQUENTIAL,
-    ADDED_WITH_SWEEP,
-)
+from tokrecord.record.migrate import added_to_leg_files, leg_has_probes
 from tokrecord.server.process import CleanupReport
 from tokrecord.suite import Suite, parse_suite
 
 # Fields that say where or when, not what was measured: a copied directory keeps its
 # meaning, so these are not compared.
 _VOLATILE = frozenset({"run_dir", "root", "date", "seal", "portable_sealed_evidence", "verify"})
-# Added with the probes (idle gates, telemetry, hardware). Evidence sealed by an
-# earlier tokrecord has none of them and must still verify: when the recorded
-# file lacks one, it is not a difference.
-# The record's keys are schema.ADDED_LATER; a leg summary's idle gates came with them.
-_ADDED_LATER = (ADDED_LATER | ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_WITH_CRASH_SAFETY
-                | ADDED_WITH_ID_EXACTNESS | ADDED_WITH_SEQUENTIAL
-                | {"idle_before", "idle_after", "exactness", "model_release_manifest"}
-                # rows v2: the ids around held-back ones (a v1 row has no such key)
-                | {"gapped_token_ids"}
-                # issue 33: each leg's covariates and the record's noise diagnostic
-                | {"covariates", "noise_diagnostic"}
-                # issue 34: a sweep's section (None in every other record)
-                | ADDED_WITH_SWEEP)
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -103,7 +80,7 @@ def diff(found: Any, expected: Any, field: str = "") -> list[tuple[str, str]]:
                 continue
             sub = f"{field}.{key}" if field else str(key)
             if key not in found:
-                if key not in _ADDED_LATER:
+                if not added_to_leg_files(key):  # evidence sealed before the key existed
                     out.append((sub, "missing from the file"))
             elif key not in expected:
                 out.append((sub, "not produced by recomputation"))
@@ -144,11 +121,11 @@ _LEG_CAPS = {layout.EVENTS: safe.JSONL_CAP, layout.SUITE: safe.JSONL_CAP,
              layout.LEG_TEACHER: safe.JSON_CAP,
              # The sampler's header, read by probes.telemetry.read_samples (found by
              # bench/hostile: a 1 GB one took 2.2 GB of memory).
-             Path(layout.TELEMETRY).stem + ".probes.json": safe.JSON_CAP,
+             layout.TELEMETRY_PROBES: safe.JSON_CAP,
              # The idle gate's snapshots, read for the leg's covariates (bench/hostile: a
              # re-sealed 1 GB sparse one took 1.4 GB). One line a poll: even a 600 s gate
              # polled every 20 ms writes under 16 MiB.
-             "idle-before.jsonl": IDLE_SNAPSHOTS_CAP, "idle-after.jsonl": IDLE_SNAPSHOTS_CAP}
+             layout.IDLE_BEFORE: IDLE_SNAPSHOTS_CAP, layout.IDLE_AFTER: IDLE_SNAPSHOTS_CAP}
 
 
 def _check_leg_files(run_dir: Path) -> None:
@@ -159,20 +136,20 @@ def _check_leg_files(run_dir: Path) -> None:
 
 def _leg_config(run_dir: Path, base: Path, problems: list[Problem]
                 ) -> tuple[LegConfig | None, bool]:
-    """The leg's configuration, and whether it predates idle gates and telemetry
-    (see _ADDED_LATER)."""
+    """The leg's configuration, and whether it was written with the probes, idle gates
+    and telemetry (record.migrate.leg_has_probes)."""
     raw = _load_json(run_dir / layout.CONFIG, base, problems)
     if raw is None:
-        return None, False
-    legacy = "idle" not in raw.get("leg", {})
+        return None, True
+    probes = leg_has_probes(raw)
     try:
         rows = parse_suite((run_dir / layout.SUITE).read_bytes(), layout.SUITE).rows
         suite = Suite(name=raw["suite"]["name"], sha256=raw["suite"]["sha256"], rows=rows)
-        return LegConfig.model_validate({**raw["leg"], "suite": suite}), legacy
+        return LegConfig.model_validate({**raw["leg"], "suite": suite}), probes
     except (OSError, KeyError, TokrecordError, ValueError) as exc:
         problems.append(Problem(file=_rel(run_dir / layout.CONFIG, base), field="(file)",
                                 message=f"cannot rebuild the leg configuration: {exc}"))
-        return None, legacy
+        return None, probes
 
 
 def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | None]:
@@ -198,101 +175,21 @@ _MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, Recur
 
 def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | None]:
     problems: list[Problem] = []
-    config, legacy = _leg_config(run_dir, base, problems)
+    config, probes = _leg_config(run_dir, base, problems)
     summary_raw = _load_json(run_dir / layout.SUMMARY, base, problems)
     rows_raw = _load_json(run_dir / layout.ROWS, base, problems)
     gates_raw = _load_json(run_dir / layout.GATES, base, problems)
     if config is None or summary_raw is None or rows_raw is None:
         return problems, None
-    try:
-        events = read_jsonl(run_dir / layout.EVENTS)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TornLineError) as exc:
-        problems.append(Problem(file=_rel(run_dir / layout.EVENTS, base), field="(file)",
-                                message=f"cannot parse the raw events: {exc}"))
+    replayed = _replay_rows(run_dir, base, config, rows_raw, problems)
+    if replayed is None:
         return problems, None
-    records: list[RowRecord] = []
-    for stored in rows_raw.get("rows", []):
-        i = int(stored["trace"]["row"])
-        try:
-            trace = replay_row([e for e in events if e.get("row") == i], config.suite.rows[i],
-                               config.endpoint, config.adapter)
-            records.append(RowRecord(trace=trace,
-                                     metrics=row_metrics(trace.t_send_ns, trace.chunks)))
-        except (TokrecordError, KeyError, ValueError, IndexError) as exc:
-            problems.append(Problem(file=_rel(run_dir / layout.EVENTS, base),
-                                    field=f"row {i}", message=str(exc)))
-            return problems, None
-    rows_file = _rel(run_dir / layout.ROWS, base)
-    for field, message in diff(rows_raw.get("rows"), [r.model_dump(mode="json") for r in records],
-                               "rows"):
-        problems.append(Problem(file=rows_file, field=field, message=message))
-
-    def counters(name: str) -> dict[str, float] | None:
-        path = run_dir / name
-        return parse_counters(path.read_text(encoding="utf-8")) if path.exists() else None
-
-    before, after = counters(layout.METRICS_BEFORE), counters(layout.METRICS_AFTER)
-    summary, engine = compute_leg(records, config, before, after)
+    records, events = replayed
+    derived, idle = _derive_again(run_dir, base, config, records, events, probes, summary_raw,
+                                  (gates_raw or rows_raw).get("schema"), problems)
     summary_file = _rel(run_dir / layout.SUMMARY, base)
-    for field, message in diff(summary_raw.get("summary"), summary.model_dump(mode="json"),
-                               "summary"):
-        problems.append(Problem(file=summary_file, field=field, message=message))
-    for field, message in diff(summary_raw.get("engine"),
-                               engine.model_dump(mode="json") if engine else None, "engine"):
-        problems.append(Problem(file=summary_file, field=field, message=message))
-    cleanup_raw = _load_json(run_dir / layout.CLEANUP, base, problems) \
-        if (run_dir / layout.CLEANUP).exists() else None
-    cleanup = (CleanupReport.model_validate({k: v for k, v in cleanup_raw.items() if k != "passed"})
-               if cleanup_raw else None)
-    teacher = load_teacher(run_dir / "teacher.json") if (run_dir / "teacher.json").exists() else None
-    log = run_dir / layout.SERVER_LOG
-    idle_raw = _load_json(run_dir / layout.IDLE, base, problems) \
-        if (run_dir / layout.IDLE).exists() else {}
-    idle: dict[str, IdleResult | None] = {
-        phase: IdleResult.model_validate(v) if v else None for phase, v in (idle_raw or {}).items()}
-    for phase in ("before", "after"):
-        recorded = summary_raw.get(f"idle_{phase}")
-        got = idle.get(phase)
-        found = got.model_dump(mode="json") if got is not None else None
-        for field, message in diff(recorded, found, f"idle_{phase}"):
-            problems.append(Problem(file=summary_file, field=field, message=message))
-    samples, _ = read_samples(run_dir / layout.TELEMETRY)
-    telemetry = None if legacy else leg_telemetry(records, config, summary, samples)
-    recorded_tel = summary_raw.get("telemetry")
-    if telemetry is not None and recorded_tel is not None:
-        # A sampler problem is appended to the notes when it happens; it is not in the samples.
-        telemetry = telemetry.model_copy(update={"notes": tuple(recorded_tel.get("notes", ()))})
-    for field, message in diff(recorded_tel,
-                               telemetry.model_dump(mode="json", by_alias=True)
-                               if telemetry else None, "telemetry"):
-        problems.append(Problem(file=summary_file, field=field, message=message))
-    covariates = None
-    if "covariates" in summary_raw:  # a summary written before issue 33 has none
-        covariates = covariates_of(records, samples, idle_snapshots(run_dir / "idle-before.jsonl"),
-                                   summary_raw.get("ready_seconds"))
-        for field, message in diff(summary_raw["covariates"],
-                                   covariates.model_dump(mode="json", by_alias=True), "covariates"):
-            problems.append(Problem(file=summary_file, field=field, message=message))
-    server_log = safe.read_text(log, strict=False) if log.exists() else ""
-    gates = evaluate_gates(
-        records, config, engine, cleanup, teacher,
-        requests=[e for e in events if e.get("kind") == "request"], metrics_before=before,
-        server_log=server_log, idle=None if legacy else idle,
-        # Gates are recomputed by the rule and version they were sealed with.
-        rule=gates_rule((gates_raw or rows_raw).get("schema")),
-        version=gates_version((gates_raw or rows_raw).get("schema")),
-        earlier_attempts=earlier_attempts(run_dir), telemetry=samples,
-    )
-    if "log_facts" in summary_raw:  # a summary written before log facts has none
-        recorded = {f.get("name") for f in summary_raw["log_facts"]}
-        # An engine default added after the leg ran is not in its evidence and is not a
-        # difference; every fact the plan itself declared must be there.
-        own = {e.name for e in config.log_facts}
-        facts = [f for f in extract_log_facts(server_log, config.extractors)
-                 if f.name in recorded or f.name in own]
-        for field, message in diff(summary_raw["log_facts"],
-                                   [f.model_dump(mode="json") for f in facts], "log_facts"):
-            problems.append(Problem(file=summary_file, field=field, message=message))
+    telemetry = _compare_summary(summary_raw, derived, idle, config, summary_file, problems)
+    gates = derived.gates
     if gates_raw is not None:
         for field, message in diff(gates_raw.get("gates"),
                                    [g.model_dump(mode="json") for g in gates], "gates"):
@@ -309,8 +206,124 @@ def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | N
                                 message=f"recorded {result.valid}, gates imply {expected_valid}"))
     # The record is recomputed from these figures, not from the files' own claims.
     return problems, result.model_copy(update={
-        "run_dir": str(run_dir), "summary": summary, "engine": engine, "gates": tuple(gates),
-        "telemetry": telemetry, "valid": expected_valid, "covariates": covariates})
+        "run_dir": str(run_dir), "summary": derived.summary, "engine": derived.engine,
+        "gates": gates, "telemetry": telemetry, "valid": expected_valid,
+        "covariates": derived.covariates})
+
+
+def _replay_rows(run_dir: Path, base: Path, config: LegConfig, rows_raw: Any,
+                 problems: list[Problem]
+                 ) -> tuple[list[RowRecord], Sequence[Mapping[str, Any]]] | None:
+    """Each recorded row re-parsed from the raw events exactly as the live client parsed
+    it, compared with rows.json; with the events. None when they cannot be replayed."""
+    try:
+        events = read_jsonl(run_dir / layout.EVENTS)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TornLineError) as exc:
+        problems.append(Problem(file=_rel(run_dir / layout.EVENTS, base), field="(file)",
+                                message=f"cannot parse the raw events: {exc}"))
+        return None
+    records: list[RowRecord] = []
+    for stored in rows_raw.get("rows", []):
+        i = int(stored["trace"]["row"])
+        try:
+            trace = replay_row([e for e in events if e.get("row") == i], config.suite.rows[i],
+                               config.endpoint, config.adapter)
+            records.append(RowRecord(trace=trace,
+                                     metrics=row_metrics(trace.t_send_ns, trace.chunks)))
+        except (TokrecordError, KeyError, ValueError, IndexError) as exc:
+            problems.append(Problem(file=_rel(run_dir / layout.EVENTS, base),
+                                    field=f"row {i}", message=str(exc)))
+            return None
+    rows_file = _rel(run_dir / layout.ROWS, base)
+    for field, message in diff(rows_raw.get("rows"), [r.model_dump(mode="json") for r in records],
+                               "rows"):
+        problems.append(Problem(file=rows_file, field=field, message=message))
+    return records, events
+
+
+def _idle_results(run_dir: Path, base: Path, problems: list[Problem]
+                  ) -> dict[str, IdleResult | None]:
+    idle_raw = _load_json(run_dir / layout.IDLE, base, problems) \
+        if (run_dir / layout.IDLE).exists() else {}
+    return {phase: IdleResult.model_validate(v) if v else None
+            for phase, v in (idle_raw or {}).items()}
+
+
+def _derive_again(run_dir: Path, base: Path, config: LegConfig, records: list[RowRecord],
+                  events: Sequence[Mapping[str, Any]], probes: bool, summary_raw: Any,
+                  schema: object, problems: list[Problem]
+                  ) -> tuple[LegDerived, dict[str, IdleResult | None]]:
+    """derive_leg over the sealed files: what the writer derived, derived again (and the
+    idle gates' results it read)."""
+
+    def counters(name: str) -> dict[str, float] | None:
+        path = run_dir / name
+        return parse_counters(path.read_text(encoding="utf-8")) if path.exists() else None
+
+    cleanup_raw = _load_json(run_dir / layout.CLEANUP, base, problems) \
+        if (run_dir / layout.CLEANUP).exists() else None
+    cleanup = (CleanupReport.model_validate({k: v for k, v in cleanup_raw.items() if k != "passed"})
+               if cleanup_raw else None)
+    teacher_path = run_dir / layout.LEG_TEACHER
+    log = run_dir / layout.SERVER_LOG
+    idle = _idle_results(run_dir, base, problems)
+    return derive_leg(LegInputs(
+        records=records, config=config, metrics_before=counters(layout.METRICS_BEFORE),
+        metrics_after=counters(layout.METRICS_AFTER), events=events,
+        server_log=safe.read_text(log, strict=False) if log.exists() else "",
+        telemetry=read_samples(run_dir / layout.TELEMETRY)[0], cleanup=cleanup,
+        teacher=load_teacher(teacher_path) if teacher_path.exists() else None, idle=idle,
+        # a summary written before issue 33 has no covariates to compare
+        idle_before_snapshots=idle_snapshots(run_dir / layout.IDLE_BEFORE)
+        if "covariates" in summary_raw else None,
+        ready_seconds=summary_raw.get("ready_seconds"),
+        earlier_attempts=earlier_attempts(run_dir), probes=probes,
+        # Gates are recomputed by the rule and version they were sealed with.
+        rule=gates_rule(schema), version=gates_version(schema))), idle
+
+
+def _compare_summary(summary_raw: Any, derived: LegDerived, idle: dict[str, IdleResult | None],
+                     config: LegConfig, summary_file: str, problems: list[Problem]
+                     ) -> TelemetrySummary | None:
+    """summary.json against what was derived again; the telemetry summary to count (its
+    notes are the recorded ones)."""
+    summary, engine = derived.summary, derived.engine
+    for field, message in diff(summary_raw.get("summary"), summary.model_dump(mode="json"),
+                               "summary"):
+        problems.append(Problem(file=summary_file, field=field, message=message))
+    for field, message in diff(summary_raw.get("engine"),
+                               engine.model_dump(mode="json") if engine else None, "engine"):
+        problems.append(Problem(file=summary_file, field=field, message=message))
+    for phase in ("before", "after"):
+        recorded = summary_raw.get(f"idle_{phase}")
+        got = idle.get(phase)
+        found = got.model_dump(mode="json") if got is not None else None
+        for field, message in diff(recorded, found, f"idle_{phase}"):
+            problems.append(Problem(file=summary_file, field=field, message=message))
+    telemetry = derived.telemetry
+    recorded_tel = summary_raw.get("telemetry")
+    if telemetry is not None and recorded_tel is not None:
+        # A sampler problem is appended to the notes when it happens; it is not in the samples.
+        telemetry = telemetry.model_copy(update={"notes": tuple(recorded_tel.get("notes", ()))})
+    for field, message in diff(recorded_tel,
+                               telemetry.model_dump(mode="json", by_alias=True)
+                               if telemetry else None, "telemetry"):
+        problems.append(Problem(file=summary_file, field=field, message=message))
+    covariates = derived.covariates
+    if covariates is not None:
+        for field, message in diff(summary_raw["covariates"],
+                                   covariates.model_dump(mode="json", by_alias=True), "covariates"):
+            problems.append(Problem(file=summary_file, field=field, message=message))
+    if "log_facts" in summary_raw:  # a summary written before log facts has none
+        recorded_names = {f.get("name") for f in summary_raw["log_facts"]}
+        # An engine default added after the leg ran is not in its evidence and is not a
+        # difference; every fact the plan itself declared must be there.
+        own = {e.name for e in config.log_facts}
+        facts = [f for f in derived.log_facts if f.name in recorded_names or f.name in own]
+        for field, message in diff(summary_raw["log_facts"],
+                                   [f.model_dump(mode="json") for f in facts], "log_facts"):
+            problems.append(Problem(file=summary_file, field=field, message=message))
+    return telemetry
 
 
 def _leg_dirs(exp_dir: Path) -> dict[str, Path]:
