@@ -145,3 +145,15 @@ def test_the_sweep_is_in_the_hash(tmp_path: Path) -> None:
     a = load_plan(write(tmp_path, SWEEP))
     b = load_plan(write(tmp_path, SWEEP.replace("values = [2, 4, 8]", "values = [2, 4, 16]")))
     assert a.sha256 != b.sha256 and b'"sweep"' in a.canonical()
+
+
+def test_a_sequential_sweep_runs_up_to_max_blocks(tmp_path: Path) -> None:
+    text = SWEEP.replace("blocks = 2\n", "") + "\n[sequential]\nmax_blocks = 5\n"
+    plan = load_plan(write(tmp_path, text))
+    assert plan.sequential is not None and plan.max_blocks == 5
+    assert len(plan.legs) == 3 * 5  # the most it may run; the rule decides how many
+
+
+def test_a_sequential_sweep_with_fixed_blocks_is_refused(tmp_path: Path) -> None:
+    message = refused(tmp_path, SWEEP + "\n[sequential]\nmax_blocks = 5\n")
+    assert "blocks = 2 with [sequential]" in message and "leave blocks out" in message
