@@ -388,6 +388,7 @@ class SweepLook(BaseModel):
     alpha_spent: float  # two-sided, cumulative
     best: str | None
     decided: tuple[str, ...]  # arms whose interval decided at this look
+    faster: tuple[str, ...]  # arms whose interval lay above 1 at this look
     verdict: Verdict  # the claimed best arm's against control (UNDECIDED: no claim)
     action: Action
     reason: str

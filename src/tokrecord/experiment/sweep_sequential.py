@@ -110,14 +110,24 @@ def max_t_boundaries(k: int, blocks: tuple[int, ...], max_blocks: int, alpha: fl
         se = np.sqrt(2 * np.maximum(ss, 0) / df / b)
         stat = (means[:, 1:] - means[:, :1]).max(axis=1) / se
         if target * sims < _MIN_CROSSINGS:
-            c = dunnett_critical(k - 1, df, 1 - target, two_sided=False) if target > 1e-12 \
-                else math.inf
+            c = _single_look(k - 1, df, target)
         else:
             ranked = np.sort(stat[alive])[::-1]
             c = float(ranked[min(round(target * sims), len(ranked) - 1)])
         alive &= ~(stat > c)
         out.append(c)
     return tuple(out)
+
+
+def _single_look(p: int, df: int, target: float) -> float:
+    """One-sided Dunnett at 1 - target: an early look spending so little that its value
+    lies past 200 (a few df) cannot stop the run, so it is infinite."""
+    if target <= 1e-12:
+        return math.inf
+    try:
+        return dunnett_critical(p, df, 1 - target, two_sided=False)
+    except ValueError:
+        return math.inf
 
 
 def boundaries(spec: SequentialSpec, k: int, confidence: float) -> tuple[float, ...]:
@@ -180,6 +190,8 @@ def sequential_sweep(legs: Sequence[SweepLegInput], arms: Sequence[str], control
             boundary=c if usable else None, record_boundary=c_rec if usable else None,
             alpha_spent=2 * spent(spec.spending, alpha, b / spec.max_blocks),
             best=found.best if usable else None, decided=decided if usable else (),
+            faster=tuple(x.arm for x in found.contrasts if x.verdict is Verdict.FASTER)
+            if usable else (),
             verdict=best.verdict if best is not None and usable else Verdict.UNDECIDED,
             action=action, reason=why))
         last = found
