@@ -75,3 +75,23 @@ def test_verify_and_lint_recompute_the_sequential_sweep(swept: SimpleNamespace) 
 
     assert verify_dir(swept.exp) == []
     assert lint_record(swept.record) == []
+
+
+def test_run_prints_the_sweep_summary_and_its_looks_not_an_empty_pairs_table(
+        swept: SimpleNamespace) -> None:
+    from rich.console import Console
+
+    from tokrecord.cli.view import print_experiment
+
+    console = Console(width=200, record=True, color_system=None)
+    print_experiment(console, swept.record, swept.exp / "record.json")
+    text = console.export_text()
+    assert "pairs (candidate vs control)" not in text  # what `run` printed, empty
+    assert "legs (sweep, 2 blocks)" in text and "(ABBA" not in text
+    assert "sweep: each arm against control" in text
+    for arm in ("tok_s=250 (control)", "tok_s=1000 (best)", "tok_s=400"):
+        assert arm in text
+    assert "arm tok_s=1000 is fastest of the token-exact arms" in text
+    assert "repeated, the sequential boundary on 2 df" in text
+    assert "look block 2: max t(2) = " in text and "tok_s=1000 claimed fastest; stop" in text
+    assert "stopped at block 2, 2 of 4 blocks not run" in text
