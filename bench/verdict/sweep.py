@@ -25,8 +25,10 @@ count). The normal-theory value of target 1 is exactly 2.5 % in every cell
 (`family_false_faster`, printed beside it), so a cell can only be resolved against its
 bar up to the real statistic's departure from that model.
 The sequential sections use min_blocks 2, max_blocks SEQ_MAX (O'Brien-Fleming by
-default) for targets 1 and 2 over all looks, and max_blocks = the fixed design's
-planner blocks for target 3 (with the blocks it used on average).
+default) for targets 1 (an interval above 1 at any look) and 2 (at the look that
+stopped), and max_blocks = the fixed design's planner blocks for the best arm, whose
+rate is reported with the blocks used on average but not judged against target 3 (a
+fixed design's bar: the stopping rule spends some power to save blocks).
 """
 
 from __future__ import annotations
@@ -190,8 +192,12 @@ def report(r: dict[str, Any]) -> str:
     if section in ("coverage", "seq-coverage"):
         return (f"{head}: coverage {100 * p:5.2f} % se {100 * se:4.2f} "
                 f"[>= 95 %: {judge(p, se, 0.95, False)}]")
+    # Target 3 is the fixed design's at the planner's blocks; a sequential sweep with those
+    # as its most blocks trades some of that power for fewer blocks: reported, not judged.
+    bar = f"[>= 90 %: {judge(p, se, 0.90, False)}]" if section == "best" else \
+        "[fixed design's bar; not judged]"
     line = (f"{head}: {r['blocks']} blocks, best picked {100 * p:5.2f} % se {100 * se:4.2f} "
-            f"[>= 90 %: {judge(p, se, 0.90, False)}]; wrong arm {100 * r['wrong'] / n:.2f} %")
+            f"{bar}; wrong arm {100 * r['wrong'] / n:.2f} %")
     if section == "best":
         gap = r["predicted"] - p
         ok = "met" if abs(gap) + 2 * se < 0.05 else "MISSED" if abs(gap) - 2 * se > 0.05 \
