@@ -309,7 +309,7 @@ def abba_record(
     out["protocol"]["max_blocks"] = plan.max_blocks
     out["sequential"] = seq.model_dump(mode="json") if seq is not None else None
     out["treatment"] = {name: _redacted_arm(arm) for name, arm in plan.all_arms.items()}
-    out["sweep"] = swept.model_dump(mode="json", exclude_none=False, exclude=(
+    out["sweep"] = swept.model_dump(mode="json", exclude=(
         {"sequential"} if swept.sequential is None else None)) if swept is not None else None
     out["verdict_analysis"] = analysis.model_dump(mode="json") if analysis else None
     out["power"] = dict(power) if power is not None else None
