@@ -221,3 +221,13 @@ def test_the_demo_is_sequential_unless_asked_for_the_fixed_design() -> None:
     assert out.exit_code == 0
     assert "--sequential" in out.output and "--fixed" in out.output
     assert "[default: sequential]" in out.output
+
+
+def test_the_sweep_demo_takes_four_rows_unless_told(models: tuple[Path, Path]) -> None:
+    # 12 legs and a teacher on 2 CPU cores: all 13 rows did not finish in reasonable time
+    from tokrecord.demo.plan import SWEEP_DEMO_ROWS, demo_sweep_plan_llamacpp
+
+    plan = demo_sweep_plan_llamacpp(Path("/venv/bin/python"), *models)
+    assert SWEEP_DEMO_ROWS == 4 and plan.suite_rows == 4
+    assert len(plan.all_arms) == 6 and len(plan.legs) == 12
+    assert demo_sweep_plan_llamacpp(Path("/venv/bin/python"), *models, rows=13).suite_rows == 13

@@ -92,7 +92,10 @@ def test_fit_and_dunnett_interval_by_hand() -> None:
     # residuals of a two-way fit of the 3x2 table: b's cells +-2e/3, the others -+e/3
     s2 = (2 * (2 * e / 3) ** 2 + 4 * (e / 3) ** 2) / 2
     assert a.residual_sd_pct == pytest.approx(100 * math.sqrt(s2), rel=1e-9)
-    c = dunnett_critical(2, 2, 0.95)
+    # one-sided Dunnett at 0.975 on both sides (sweep_critical): 5.528, not the two-sided
+    # 5.418 (published one-sided table value at 2 comparisons, 2 df: 5.53)
+    c = dunnett_critical(2, 2, 0.975, two_sided=False)
+    assert c == pytest.approx(5.53, abs=0.01) and c > dunnett_critical(2, 2, 0.95)
     se = math.sqrt(2 * s2 / 2)
     b = next(x for x in a.contrasts if x.arm == "b")
     assert b.ratio == pytest.approx(math.exp(0.05), rel=1e-12)
@@ -157,14 +160,14 @@ def test_power_grows_with_blocks_and_effect() -> None:
     assert sweep_power(3.0, 2.0, 5, 1, 0.95) == 0.0
 
 
-def test_family_false_faster_is_half_alpha_up_to_the_two_sided_overlap() -> None:
+def test_family_false_faster_is_half_alpha_in_every_cell() -> None:
     from tokrecord.experiment.sweep import family_false_faster
 
-    assert family_false_faster(2, 6, 0.95) == pytest.approx(0.025, abs=1e-6)
-    # P(some T_i > c) = alpha/2 + P(some above and some below)/2: a hair above 2.5 % (the
-    # equivalence band takes more than that back from FASTER)
-    many = family_false_faster(5, 12, 0.95)
-    assert 0.025 < many < 0.0251
+    # P(some arm's interval above 1 | all equal) is alpha/2 exactly: with two-sided
+    # Dunnett it was alpha/2 + P(some above and some below)/2, over the bar at every
+    # k >= 3 (2.597 % at 3 arms x 2 blocks, 2.504 % at 5 arms x 4 blocks)
+    for k, df in ((2, 6), (3, 2), (5, 12), (8, 21)):
+        assert family_false_faster(k, df, 0.95) == pytest.approx(0.025, abs=2e-6)
 
 
 def test_power_report_counts_legs_and_wall_time() -> None:

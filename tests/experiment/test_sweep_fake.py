@@ -116,3 +116,19 @@ def test_report_has_the_sweep_table_and_chart(sweep: SimpleNamespace) -> None:
     assert chart is not None and "<svg" in chart and "tok_s=1000" in chart
     statement = sweep_statement(record)
     assert statement is not None and "arm tok_s=1000 is fastest" in statement
+
+
+def test_run_prints_the_sweep_summary_not_an_empty_pairs_table(sweep: SimpleNamespace) -> None:
+    from rich.console import Console
+
+    from tokrecord.cli.view import print_experiment
+
+    console = Console(width=200, record=True, color_system=None)
+    print_experiment(console, sweep.record, sweep.exp / "record.json")
+    text = console.export_text()
+    assert "pairs (candidate vs control)" not in text and "legs (sweep, 3 blocks)" in text
+    rows = [line for line in text.splitlines() if line.startswith(" tok_s=")]
+    assert [r.split()[0] for r in rows] == ["tok_s=250", "tok_s=1000", "tok_s=400"]
+    best = next(r for r in rows if "(best)" in r)  # its simultaneous interval and exactness
+    assert "FASTER" in best and "yes" in best and "[+" in best
+    assert "(Dunnett, 4 df)" in text and "sequential sweep" not in text

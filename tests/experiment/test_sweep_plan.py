@@ -145,3 +145,29 @@ def test_the_sweep_is_in_the_hash(tmp_path: Path) -> None:
     a = load_plan(write(tmp_path, SWEEP))
     b = load_plan(write(tmp_path, SWEEP.replace("values = [2, 4, 8]", "values = [2, 4, 16]")))
     assert a.sha256 != b.sha256 and b'"sweep"' in a.canonical()
+
+
+def test_a_sequential_sweep_runs_up_to_max_blocks(tmp_path: Path) -> None:
+    text = SWEEP.replace("blocks = 2\n", "") + "\n[sequential]\nmax_blocks = 5\n"
+    plan = load_plan(write(tmp_path, text))
+    assert plan.sequential is not None and plan.max_blocks == 5
+    assert len(plan.legs) == 3 * 5  # the most it may run; the rule decides how many
+
+
+def test_a_sequential_sweep_with_fixed_blocks_is_refused(tmp_path: Path) -> None:
+    message = refused(tmp_path, SWEEP + "\n[sequential]\nmax_blocks = 5\n")
+    assert "blocks = 2 with [sequential]" in message and "leave blocks out" in message
+
+
+def test_plan_power_on_a_sequential_sweep_uses_its_most_blocks(tmp_path: Path) -> None:
+    from cli_support import cli_in_process
+
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    text = SWEEP.replace("blocks = 2\n", "") + "\n[sequential]\nmax_blocks = 5\n"
+    path = write(tmp_path, text)
+    done = cli_in_process(["plan", "power", str(path), "--sd-leg", "1.11", "--sd-row", "3.42"],
+                          {"COLUMNS": "200"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    # 3 arms x 5 blocks (it said 1 block, 0 df and no power before)
+    assert "5 block(s) = 15 legs" in done.stdout and "8 df" in done.stdout
+    assert "sequential: at most 5 blocks" in done.stdout

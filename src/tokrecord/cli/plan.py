@@ -209,7 +209,7 @@ def _sweep_report(plan: Plan, noise: Noise, cost: LegCost | None, as_json: bool)
     what it costs (a sweep runs every leg: arms x blocks)."""
     rows = len(plan_suite(plan).rows)
     k = len(plan.all_arms)
-    report = sweep_power_report(k, plan.blocks, noise.sd_leg_pct, noise.sd_row_pct, rows,
+    report = sweep_power_report(k, plan.max_blocks, noise.sd_leg_pct, noise.sd_row_pct, rows,
                                 plan.verdict.confidence,
                                 None if cost is None else cost.leg_s(rows))
     if as_json:
@@ -223,6 +223,13 @@ def _sweep_report(plan: Plan, noise: Noise, cost: LegCost | None, as_json: bool)
     out_console.print(
         f"family-wise false FASTER with every arm equal: {100 * report.family_false_faster:.2f} "
         f"%; wall time {_duration(report.wall_s)}", soft_wrap=True)
+    if plan.sequential is not None:
+        out_console.print(
+            f"sequential: at most {plan.max_blocks} blocks, a look after each from block "
+            f"{plan.sequential.min_blocks}; the figures here are the fixed sweep's at "
+            f"{plan.max_blocks} blocks, the most it runs (spending alpha over the looks "
+            "costs a little of that power; the legs it saves are not predicted here: "
+            "bench.verdict.sweep --only seq-best measures both)", soft_wrap=True)
     table = Table(box=None, padding=(0, 2))
     table.add_column("best arm ahead by", justify="right")
     table.add_column(f"P(claimed best) at {report.blocks} block(s)", justify="right")

@@ -33,7 +33,7 @@ from tokrecord.record.schema import (
 )
 from tokrecord.report import fmt as report_fmt
 from tokrecord.report.derive import analysis_view, pair_names, power_view, record_design
-from tokrecord.report.sweep import sweep_rows, sweep_statement
+from tokrecord.report.sweep import sweep_looks_lines, sweep_rows, sweep_statement
 from tokrecord.report.text import (
     interval_text,
     noise_text,
@@ -311,15 +311,22 @@ def _pct(value: float | None) -> str:
 def experiment_tables(record: AbbaRecord) -> list[Table]:
     legs = [name for name in record.protocol.leg_names() if name in record.runs_by_name()]
     by_text = sum(_rows_by_text(leg) for leg in record.runs_by_name().values())
-    return [_runs_table(record, legs), _gates_matrix(record, legs), _pairs_table(record),
+    # A sweep has no pairs (its arms share one fit): its own table is printed instead.
+    pairs = [] if _is_sweep(record) else [_pairs_table(record)]
+    return [_runs_table(record, legs), _gates_matrix(record, legs), *pairs,
             _quality_table(record.quality, by_text), _record_gate_table(record.record_gate)]
+
+
+def _is_sweep(record: AbbaRecord) -> bool:
+    return isinstance(record, ExperimentRecordV2) and record.sweep is not None
 
 
 def _runs_table(record: AbbaRecord, legs: list[str]) -> Table:
     design, blocks = record_design(record)
     # v1 records keep their title; v2 names its design (A/A legs all run one arm).
+    kind = {"aa": "A/A", "sweep": "sweep"}.get(str(design), "ABBA")
     what = "" if design is None else \
-        f" ({'A/A' if design == 'aa' else 'ABBA'}, {blocks} block{'s' if blocks != 1 else ''})"
+        f" ({kind}, {blocks} block{'s' if blocks != 1 else ''})"
     runs = Table(title=f"experiment {record.experiment} — legs{what}", box=None, padding=(0, 1))
     for col in ("leg", "arm", "tok/s", "p10", "TTFT ms", "cycle ms", "acc.", "exact", "W",
                 "J/tok", "idle", "valid"):
@@ -483,6 +490,8 @@ def print_experiment(out: Console, record: AbbaRecord | Mapping[str, Any], path:
         out.print(table)
     if isinstance(model, ExperimentRecordV2) and model.sweep is not None:
         out.print(sweep_table(sweep_rows(model), sweep_statement(model)))
+        for line in sweep_looks_lines(model):
+            out.print(escape(line), soft_wrap=True)
     boot = model.bootstrap if isinstance(model, ExperimentRecord) else None
     if boot is not None:
         out.print(

@@ -228,13 +228,19 @@ def demo_plan_llamacpp(python: Path, target: Path, draft: Path, *, rows: int | N
 
 
 SWEEP_N_MAX: Final = (1, 2, 4, 6, 8)
+# The sweep demo's rows by default: 6 arms x 2 blocks are 12 legs plus the teacher, on 2
+# CPU cores; all 13 rows of 512 tokens made it some 20 minutes of streaming alone on the
+# shared 2-core machine (4 rows: 378 s at load 10, issue 34's first session), so it
+# takes the first 4 rows (--rows N for more).
+SWEEP_DEMO_ROWS: Final = 4
 
 
 def demo_sweep_plan_llamacpp(python: Path, target: Path, draft: Path, *, rows: int | None = None,
                              idle_gap_s: float = 5.0, blocks: int = 2) -> Plan:
     """llama.cpp (xllamacpp), a sweep (issue 34): plain decoding of the target as control,
     and draft-model speculation at each --spec-draft-n-max of SWEEP_N_MAX, every arm once
-    per block in Williams order."""
+    per block in Williams order. `rows` None: SWEEP_DEMO_ROWS."""
+    rows = SWEEP_DEMO_ROWS if rows is None else rows
     common = ("--spec-draft-model", str(draft), "--spec-type", "draft-simple",
               "--spec-draft-threads", "1")
     return Plan.model_validate({

@@ -335,8 +335,6 @@ class Plan(_Strict):
             shown = design.value if isinstance(design, Design) else design
             raise ValueError(f"[sweep] needs design = 'sweep'; this plan's design is "
                              f"{shown!r} (an 'aa' or 'single' design has one arm)")
-        if info.data.get("sequential") is not None:
-            raise ValueError("[sequential] is not yet supported with design 'sweep'")
         given: dict[str, Arm] = info.data.get("arms") or {}
         server: ServerPlan | None = info.data.get("server")
         extra = set(given) - {"control"}
@@ -409,6 +407,9 @@ class Plan(_Strict):
             raise ValueError("design 'sweep' needs a [sweep] section")
         if self.components:
             raise ValueError("component evidence compares two arms; a sweep has many")
+        if self.sequential is not None and self.blocks not in (1, self.sequential.max_blocks):
+            raise ValueError(f"blocks = {self.blocks} with [sequential]: a sequential sweep "
+                             "runs up to sequential.max_blocks; leave blocks out")
         return self
 
     @property

@@ -86,6 +86,10 @@ from tokrecord.experiment.leg import (
 from tokrecord.experiment.plan import Plan, draft_paths
 from tokrecord.experiment.power import plan_noise, power_report
 from tokrecord.experiment.recovery import recover_attempt
+from tokrecord.experiment.sequential import SequentialAnalysis
+from tokrecord.experiment.stats import Verdict
+from tokrecord.experiment.sweep import SweepSequential
+from tokrecord.experiment.sweep_sequential import leg_exact, plan_sequential_sweep
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.identity import Identity, IdentitySpec, collect_identity, manifest_text
 from tokrecord.server import xllamacpp
@@ -603,9 +607,11 @@ def run_experiment(
         teacher = _teacher(plan, exp_dir, suite, state, obs, stopped)
         results: dict[str, LegResult] = {}
         total = len(plan.legs)
+        per_block = len(plan.all_arms) if plan.sweep is not None else 4
         for index, (name, arm) in enumerate(plan.legs, start=1):
-            if plan.sequential is not None and (index - 1) % 4 == 0 and \
-                    not _next_block_wanted(plan, state, results, (index - 1) // 4 + 1, obs):
+            if plan.sequential is not None and (index - 1) % per_block == 0 and \
+                    not _next_block_wanted(plan, state, results,
+                                           (index - 1) // per_block + 1, obs):
                 break
             results[name] = _run_attempts(
                 state, exp_dir / name, functools.partial(leg_config, plan, suite, name, arm),
@@ -623,8 +629,10 @@ def _next_block_wanted(plan: Plan, state: _State, results: dict[str, LegResult],
     """A sequential plan's interim analysis before `block` starts: log each look once
     (a resume recomputes them from the kept legs, the same way), and say whether the
     stopping rule wants this block."""
-    found = sequential_analysis(plan, analysis_legs(plan, {
-        name: leg_figures(r, load_rows(Path(r.run_dir))) for name, r in results.items()}))
+    figures = {name: leg_figures(r, load_rows(Path(r.run_dir))) for name, r in results.items()}
+    found: SequentialAnalysis | SweepSequential = plan_sequential_sweep(
+        plan, figures, {name: leg_exact(r) for name, r in results.items()})[0] \
+        if plan.sweep is not None else sequential_analysis(plan, analysis_legs(plan, figures))
     logged = {e.look for e in state.events if isinstance(e, InterimLook)}
     for look in found.looks:
         if look.label not in logged:
@@ -636,8 +644,10 @@ def _next_block_wanted(plan: Plan, state: _State, results: dict[str, LegResult],
                 progress(look)
     if found.stopped:
         if not any(isinstance(e, SequentialStop) for e in state.events):
-            state.append(SequentialStop(at=found.stopped_at, verdict=found.verdict.value,
-                                        legs=len(results), max_legs=4 * plan.max_blocks))
+            state.append(SequentialStop(
+                at=found.stopped_at,
+                verdict=found.looks[-1].verdict.value if found.looks else Verdict.UNDECIDED.value,
+                legs=len(results), max_legs=len(plan.legs)))
         return False
     return block <= plan.max_blocks
 

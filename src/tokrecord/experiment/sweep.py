@@ -32,6 +32,8 @@ from pydantic import BaseModel, ConfigDict
 from scipy import optimize
 from scipy import stats as sps
 
+from tokrecord.experiment.plan import Spending
+from tokrecord.experiment.sequential import Action
 from tokrecord.experiment.stats import (
     HL_VARIANCE_FACTOR,
     MIN_LEG_DF,
@@ -46,7 +48,9 @@ SWEEP_METHOD: Final = (
     "leg-level fit log(leg figure) = block + arm + error on complete blocks (each leg's "
     "figure is the Hodges-Lehmann location over rows of log(row rate) minus the row's mean "
     "across legs); each arm against control with Dunnett's simultaneous intervals "
-    "(equicorrelated multivariate t, rho = 0.5, on the fit's residual df); the best arm by "
+    "(equicorrelated multivariate t, rho = 0.5, on the fit's residual df; the one-sided "
+    "critical value at 1 - alpha/2 on both sides, so false FASTER is at most alpha/2); "
+    "the best arm by "
     "Hsu's multiple comparisons with the best among token-exact arms: arm X is claimed "
     "fastest only when X - Y exceeds the one-sided Dunnett margin for every other exact Y"
 )
@@ -144,6 +148,16 @@ def dunnett_critical(p: int, df: int, confidence: float, two_sided: bool = True)
                                  0.0, 200.0, xtol=1e-9))
 
 
+def sweep_critical(p: int, df: int, confidence: float) -> float:
+    """The simultaneous intervals' critical value: one-sided Dunnett at 1 - alpha/2
+    (alpha = 1 - confidence), used on both sides. Two-sided Dunnett at `confidence` holds
+    P(max |T_i| > c) to alpha, but its one upper side is (alpha + P(both sides)) / 2,
+    above alpha/2 for p >= 2 (2.60 % at 3 arms and 2 blocks, 2.504 % at 5 arms and 4):
+    a false FASTER over the bar. The one-sided value is at least as large, holds false
+    FASTER to alpha/2 exactly, and two sides of alpha/2 each still cover >= confidence."""
+    return dunnett_critical(p, df, 1 - (1 - confidence) / 2, two_sided=False)
+
+
 # --------------------------------------------------------------------------- analysis
 
 
@@ -191,7 +205,7 @@ class SweepAnalysis(BaseModel):
     df: int
     confidence: float
     record_confidence: float
-    critical_value: float | None  # two-sided Dunnett at `confidence`
+    critical_value: float | None  # sweep_critical at `confidence` (or a look's boundary)
     mcb_critical_value: float | None  # one-sided Dunnett among exact arms
     residual_sd_pct: float | None
     leg_statistics: dict[str, float]
@@ -231,8 +245,12 @@ def fit_arms(values: NDArray[np.float64], blocks: Sequence[int], arm_index: Sequ
 
 def sweep_analysis(legs: Sequence[SweepLegInput], arms: Sequence[str], control: str,
                    confidence: float, equivalence_pct: float,
-                   record_confidence: float = 0.98) -> SweepAnalysis:
-    """Each arm against control (Dunnett), and the best arm (Hsu's MCB among exact arms)."""
+                   record_confidence: float = 0.98,
+                   critical: tuple[float, float] | None = None) -> SweepAnalysis:
+    """Each arm against control (Dunnett), and the best arm (Hsu's MCB among exact arms).
+    `critical`: a sequential look's boundaries (at the verdict's and the record's
+    confidence, experiment.sweep_sequential) used for the intervals and the MCB margin
+    in place of Dunnett's values."""
     k = len(arms)
     order_arms = [control, *[a for a in arms if a != control]]
     index = {a: i for i, a in enumerate(order_arms)}
@@ -268,8 +286,8 @@ def sweep_analysis(legs: Sequence[SweepLegInput], arms: Sequence[str], control: 
     effects, s2, df = fit_arms(m, [leg.block for leg in used],
                                [index[leg.figures.arm] for leg in used], k)
     se = math.sqrt(2 * s2 / len(complete))  # any difference of two arm means
-    c = dunnett_critical(k - 1, df, confidence)
-    c_rec = dunnett_critical(k - 1, df, record_confidence)
+    c, c_rec = critical if critical is not None else (
+        sweep_critical(k - 1, df, confidence), sweep_critical(k - 1, df, record_confidence))
     contrasts = []
     for a in order_arms[1:]:
         e = float(effects[index[a] - 1])
@@ -279,7 +297,8 @@ def sweep_analysis(legs: Sequence[SweepLegInput], arms: Sequence[str], control: 
                                   verdict=verdict(low, high, equivalence_pct)))
     theta = {a: 0.0 if a == control else float(effects[index[a] - 1]) for a in order_arms}
     eligible = [a for a in order_arms if exact[a]]
-    best, statement, d = _best(theta, eligible, se, df, confidence, exact)
+    best, statement, d = _best(theta, eligible, se, df, confidence, exact,
+                               None if critical is None else c)
     return SweepAnalysis(**base, df=df, critical_value=c, mcb_critical_value=d,
                          residual_sd_pct=100 * math.sqrt(s2), leg_statistics=stats,
                          contrasts=tuple(contrasts), best=best, best_statement=statement,
@@ -288,7 +307,8 @@ def sweep_analysis(legs: Sequence[SweepLegInput], arms: Sequence[str], control: 
 
 
 def _best(theta: Mapping[str, float], eligible: Sequence[str], se: float, df: int,
-          confidence: float, exact: Mapping[str, bool]) -> tuple[str | None, str, float | None]:
+          confidence: float, exact: Mapping[str, bool],
+          margin_c: float | None = None) -> tuple[str | None, str, float | None]:
     inexact = [a for a, ok in exact.items() if not ok]
     note = f"; not token-exact, never best: {', '.join(inexact)}" if inexact else ""
     if len(eligible) < 2:
@@ -296,7 +316,8 @@ def _best(theta: Mapping[str, float], eligible: Sequence[str], se: float, df: in
         return None, f"no claim: {only}{note}", None
     # One-sided at the half-alpha of the two-sided family: a false "X is fastest" is a
     # false FASTER, held to the same 2.5 % as the contrasts' one side.
-    d = dunnett_critical(len(eligible) - 1, df, 1 - (1 - confidence) / 2, two_sided=False)
+    d = margin_c if margin_c is not None else dunnett_critical(
+        len(eligible) - 1, df, 1 - (1 - confidence) / 2, two_sided=False)
     lead = max(eligible, key=lambda a: theta[a])
     margin = min(theta[lead] - theta[b] - d * se for b in eligible if b != lead)
     if margin > 0:
@@ -353,6 +374,40 @@ def sweep_record_gate(analysis: SweepAnalysis, every_gate_passed: Mapping[str, b
     return SweepGate(passed=not reasons, chosen=chosen, reasons=tuple(reasons))
 
 
+class SweepLook(BaseModel):
+    """One look as recorded: the arms' intervals at this look's boundary, and the claim."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    label: str  # "block b"
+    block: int
+    df: int
+    statistic: float | None  # the largest arm-vs-control t
+    boundary: float | None  # c_b at the verdict's confidence; None: no estimate possible
+    record_boundary: float | None
+    alpha_spent: float  # two-sided, cumulative
+    best: str | None
+    decided: tuple[str, ...]  # arms whose interval decided at this look
+    faster: tuple[str, ...]  # arms whose interval lay above 1 at this look
+    verdict: Verdict  # the claimed best arm's against control (UNDECIDED: no claim)
+    action: Action
+    reason: str
+
+
+class SweepSequential(BaseModel):
+    """A sequential sweep's looks; the section's analysis is the one at the last look."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: str
+    spending: Spending
+    min_blocks: int
+    max_blocks: int
+    looks: tuple[SweepLook, ...]
+    stopped: bool
+    stopped_at: str | None
+
+
 class SweepSection(BaseModel):
     """A sweep record's own section: the analysis and the strict gate on its best arm."""
 
@@ -360,6 +415,9 @@ class SweepSection(BaseModel):
 
     analysis: SweepAnalysis
     gate: SweepGate
+    # A sequential sweep's looks (experiment.sweep_sequential); the analysis is the one at
+    # its last look. Absent from fixed sweeps (and from records sealed before).
+    sequential: SweepSequential | None = None
 
 
 # --------------------------------------------------------------------------- power
@@ -438,10 +496,11 @@ class SweepPowerReport(BaseModel):
 
 
 def family_false_faster(k: int, df: int, confidence: float) -> float:
-    """P(some arm's two-sided Dunnett interval lies above 1) with every arm equal."""
+    """P(some arm's simultaneous interval lies above 1) with every arm equal: (1 -
+    confidence) / 2 by construction (sweep_critical), computed here as a check."""
     if df < 1:
         return 0.0
-    c = dunnett_critical(k - 1, df, confidence)
+    c = sweep_critical(k - 1, df, confidence)
     return 1 - _coverage(c, k - 1, df, two_sided=False)
 
 

@@ -48,6 +48,7 @@ from tokrecord.experiment.sweep import (
     sweep_analysis,
     sweep_record_gate,
 )
+from tokrecord.experiment.sweep_sequential import sequential_sweep
 from tokrecord.gates import (
     CACHED_TOKENS_ZERO,
     CLEANUP,
@@ -308,7 +309,8 @@ def abba_record(
     out["protocol"]["max_blocks"] = plan.max_blocks
     out["sequential"] = seq.model_dump(mode="json") if seq is not None else None
     out["treatment"] = {name: _redacted_arm(arm) for name, arm in plan.all_arms.items()}
-    out["sweep"] = swept.model_dump(mode="json") if swept is not None else None
+    out["sweep"] = swept.model_dump(mode="json", exclude=(
+        {"sequential"} if swept.sequential is None else None)) if swept is not None else None
     out["verdict_analysis"] = analysis.model_dump(mode="json") if analysis else None
     out["power"] = dict(power) if power is not None else None
     out["server_log_facts"] = {name: server_log_facts(r) for name, r in results.items()}
@@ -338,11 +340,17 @@ def sweep_section(plan: Plan, design: Sequence[DesignLeg], figs: Mapping[str, Le
         return None
     legs = [SweepLegInput(figures=figs[leg.name], block=leg.block,
                           exact=_ok(results[leg.name], "teacher_exact")) for leg in design]
-    analysis = sweep_analysis(legs, tuple(plan.all_arms), plan.control_arm,
-                              plan.verdict.confidence, plan.verdict.equivalence_pct,
-                              plan.record_confidence)
+    looks = None
+    if plan.sequential is not None:  # the analysis at the look where the rule stopped
+        looks, analysis = sequential_sweep(
+            legs, tuple(plan.all_arms), plan.control_arm, plan.sequential,
+            plan.verdict.confidence, plan.record_confidence, plan.verdict.equivalence_pct)
+    else:
+        analysis = sweep_analysis(legs, tuple(plan.all_arms), plan.control_arm,
+                                  plan.verdict.confidence, plan.verdict.equivalence_pct,
+                                  plan.record_confidence)
     passed = {leg.name: results[leg.name].valid for leg in design}
-    return SweepSection(analysis=analysis,
+    return SweepSection(analysis=analysis, sequential=looks,
                         gate=sweep_record_gate(analysis, passed, plan.prior.value_tok_s))
 
 
@@ -374,7 +382,7 @@ def noise_section(plan: Plan, results: Mapping[str, LegResult]) -> dict[str, Any
 def sequential_section(plan: Plan, design: Sequence[DesignLeg],
                        figs: Mapping[str, LegFigures]) -> SequentialAnalysis | None:
     """A sequential plan's looks and decision, from the legs run (None for a fixed plan)."""
-    if plan.sequential is None:
+    if plan.sequential is None or plan.sweep is not None:  # a sweep's looks: its section
         return None
     return sequential_analysis(plan, [AnalysisLeg(figures=figs[leg.name], block=leg.block,
                                                   treated=leg.treated) for leg in design])

@@ -22,7 +22,8 @@ from tokrecord.evidence.safe import excerpt
 from tokrecord.experiment.plan import Spending, abba_design, abba_pairs
 from tokrecord.experiment.sequential import t_boundaries, z_boundaries
 from tokrecord.experiment.stats import ANALYSIS_METHOD, abba_df, fit_legs, verdict
-from tokrecord.experiment.sweep import ARM_LETTERS, dunnett_critical, fit_arms, sweep_design
+from tokrecord.experiment.sweep import ARM_LETTERS, fit_arms, sweep_critical, sweep_design
+from tokrecord.experiment.sweep_sequential import sweep_look_boundary
 
 REL_TOL = 1e-9
 _COUNT = re.compile(r"^(\d+)/(\d+)$")
@@ -710,8 +711,20 @@ def _lint_sweep_fit(lint: _Linter, a: Mapping[str, Any], arms: list[str]) -> Non
         if df < 1 or not math.isfinite(s2):
             return
         se = math.sqrt(2 * s2 / len(set(blocks)))
-        c = dunnett_critical(k - 1, df, confidence)
-        lint.close("sweep.analysis.critical_value", c, "Dunnett's critical value", rel_tol=1e-6)
+        seq = lint.get("sweep.sequential")
+        if isinstance(seq, Mapping):  # a sequential sweep: the stopping look's boundary
+            found_c = sweep_look_boundary(seq, k, len(set(blocks)), confidence)
+            if found_c is None:
+                lint.problems.append(LintProblem(field="sweep.sequential", message=(
+                    "its spending, blocks and looks give no boundary for the last look")))
+                return
+            c = found_c
+            lint.close("sweep.analysis.critical_value", c, "the stopping look's boundary "
+                       "(sweep_sequential.max_t_boundaries)", rel_tol=1e-6)
+        else:
+            c = sweep_critical(k - 1, df, confidence)
+            lint.close("sweep.analysis.critical_value", c, "Dunnett's critical value",
+                       rel_tol=1e-6)
         for i, contrast in enumerate(a.get("contrasts") or []):
             if not isinstance(contrast, Mapping) or i >= k - 1:
                 break

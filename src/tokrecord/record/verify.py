@@ -48,6 +48,7 @@ from tokrecord.experiment.leg import (
 )
 from tokrecord.experiment.plan import Plan
 from tokrecord.experiment.stats import LegFigures
+from tokrecord.experiment.sweep_sequential import leg_exact, plan_blocks_needed
 from tokrecord.gates import gates_version
 from tokrecord.gates.teacher import load_teacher
 from tokrecord.identity import sha256_file
@@ -450,7 +451,8 @@ def sequential_legs(plan: Plan, exp_dir: Path, results: dict[str, LegResult],
         except (OSError, ValueError, KeyError) as exc:
             problems.append(Problem(file=_rel(Path(result.run_dir) / layout.ROWS, exp_dir),
                                     field="rows", message=f"unreadable: {exc}"))
-    needed = blocks_needed(plan, figs)
+    needed = plan_blocks_needed(plan, figs, {n: leg_exact(r) for n, r in results.items()}) \
+        if plan.sweep is not None else blocks_needed(plan, figs)
     expected = {leg.name for leg in plan.design_legs if leg.block <= needed}
     for extra in sorted(set(results) - expected):
         problems.append(Problem(file=extra, field="(leg)", message=(

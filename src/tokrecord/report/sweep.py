@@ -56,9 +56,26 @@ def sweep_statement(record: ExperimentRecordV2) -> str | None:
         return None
     a, g = record.sweep.analysis, record.sweep.gate
     conf = f"{100 * a.confidence:g} %" if a.critical_value is not None else "no"
+    how = f"Dunnett, {a.df} df" if record.sweep.sequential is None else \
+        f"repeated, the sequential boundary on {a.df} df"
     return (f"{a.best_statement}. {len(a.arms)} arms x {a.blocks} complete block(s), "
-            f"{conf} simultaneous intervals (Dunnett, {a.df} df); record gate on the best arm: "
+            f"{conf} simultaneous intervals ({how}); record gate on the best arm: "
             + ("passed" if g.passed else "; ".join(g.reasons) or "not passed"))
+
+
+def sweep_looks_lines(record: ExperimentRecordV2) -> list[str]:
+    """A sequential sweep's looks, one line each, and where it stopped (none for a fixed
+    sweep)."""
+    seq = record.sweep.sequential if record.sweep is not None else None
+    if seq is None:
+        return []
+    lines = [f"look {look.label}: {look.reason}; {look.action.value}" for look in seq.looks]
+    planned = seq.max_blocks
+    run = seq.looks[-1].block if seq.looks else 0
+    lines.append(f"sequential sweep ({seq.spending.value} spending): "
+                 + (f"stopped at {seq.stopped_at}, {planned - run} of {planned} blocks not run"
+                    if seq.stopped else f"not stopped: {run} of at most {planned} blocks"))
+    return lines
 
 
 def sweep_cells(row: SweepRow) -> list[str]:
