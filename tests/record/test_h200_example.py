@@ -28,3 +28,29 @@ def test_committed_h200_experiment_verifies(name: str, tmp_path: Path) -> None:
     for leg in record["runs"].values():
         assert leg["telemetry"]["energy_method"] == "counter"
         assert leg["telemetry"]["joules_per_output_token"] > 0
+
+
+def test_committed_h200_sweep_verifies_by_the_method_it_was_sealed_with(tmp_path: Path) -> None:
+    """Issue 34's H200 sweep was sealed with the two-sided Dunnett critical value, before
+    the one-sided one became the method: it recomputes by its own method, and says why it
+    claims no best arm (only the control arm is token-exact)."""
+    from tokrecord.experiment.sweep import SWEEP_METHOD_TWO_SIDED, sweep_critical
+
+    with tarfile.open(EXAMPLES / "exp-sweep.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    exp = tmp_path / "exp-sweep"
+    assert verify_dir(exp) == []
+    record = json.loads((exp / "record.json").read_text())
+    a = record["sweep"]["analysis"]
+    assert a["method"] == SWEEP_METHOD_TWO_SIDED
+    k, df = len(a["arms"]), a["df"]
+    assert a["critical_value"] == pytest.approx(sweep_critical(k - 1, df, a["confidence"],
+                                                               SWEEP_METHOD_TWO_SIDED))
+    # The current method's value is larger: recomputing by it would not match the seal.
+    assert sweep_critical(k - 1, df, a["confidence"]) > a["critical_value"] * 1.001
+    assert a["best"] is None
+    exact = {s["arm"]: s["exact"] for s in a["arm_summaries"]}
+    assert exact == {"control": True, "n_max=2": False, "n_max=4": False, "n_max=8": False,
+                     "n_max=16": False}
+    ratios = {c["arm"]: c["ratio"] for c in a["contrasts"]}
+    assert ratios["n_max=16"] > ratios["n_max=8"] > ratios["n_max=4"] > 1.2

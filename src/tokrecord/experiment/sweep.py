@@ -54,6 +54,17 @@ SWEEP_METHOD: Final = (
     "Hsu's multiple comparisons with the best among token-exact arms: arm X is claimed "
     "fastest only when X - Y exceeds the one-sided Dunnett margin for every other exact Y"
 )
+# The method of sweep records sealed before the one-sided critical value (2026-12-02): the
+# two-sided Dunnett value at the verdict's confidence. Kept so that those records still
+# recompute by their own method (verify, lint); new records never use it.
+SWEEP_METHOD_TWO_SIDED: Final = (
+    "leg-level fit log(leg figure) = block + arm + error on complete blocks (each leg's "
+    "figure is the Hodges-Lehmann location over rows of log(row rate) minus the row's mean "
+    "across legs); each arm against control with Dunnett's simultaneous intervals "
+    "(equicorrelated multivariate t, rho = 0.5, on the fit's residual df); the best arm by "
+    "Hsu's multiple comparisons with the best among token-exact arms: arm X is claimed "
+    "fastest only when X - Y exceeds the one-sided Dunnett margin for every other exact Y"
+)
 
 
 # --------------------------------------------------------------------------- design
@@ -148,13 +159,15 @@ def dunnett_critical(p: int, df: int, confidence: float, two_sided: bool = True)
                                  0.0, 200.0, xtol=1e-9))
 
 
-def sweep_critical(p: int, df: int, confidence: float) -> float:
+def sweep_critical(p: int, df: int, confidence: float, method: str = SWEEP_METHOD) -> float:
     """The simultaneous intervals' critical value: one-sided Dunnett at 1 - alpha/2
     (alpha = 1 - confidence), used on both sides. Two-sided Dunnett at `confidence` holds
     P(max |T_i| > c) to alpha, but its one upper side is (alpha + P(both sides)) / 2,
     above alpha/2 for p >= 2 (2.60 % at 3 arms and 2 blocks, 2.504 % at 5 arms and 4):
     a false FASTER over the bar. The one-sided value is at least as large, holds false
     FASTER to alpha/2 exactly, and two sides of alpha/2 each still cover >= confidence."""
+    if method == SWEEP_METHOD_TWO_SIDED:  # a record sealed before, recomputed as it was
+        return dunnett_critical(p, df, confidence)
     return dunnett_critical(p, df, 1 - (1 - confidence) / 2, two_sided=False)
 
 
@@ -246,11 +259,13 @@ def fit_arms(values: NDArray[np.float64], blocks: Sequence[int], arm_index: Sequ
 def sweep_analysis(legs: Sequence[SweepLegInput], arms: Sequence[str], control: str,
                    confidence: float, equivalence_pct: float,
                    record_confidence: float = 0.98,
-                   critical: tuple[float, float] | None = None) -> SweepAnalysis:
+                   critical: tuple[float, float] | None = None,
+                   method: str = SWEEP_METHOD) -> SweepAnalysis:
     """Each arm against control (Dunnett), and the best arm (Hsu's MCB among exact arms).
     `critical`: a sequential look's boundaries (at the verdict's and the record's
     confidence, experiment.sweep_sequential) used for the intervals and the MCB margin
-    in place of Dunnett's values."""
+    in place of Dunnett's values. `method`: SWEEP_METHOD_TWO_SIDED recomputes a record
+    sealed before the one-sided critical value."""
     k = len(arms)
     order_arms = [control, *[a for a in arms if a != control]]
     index = {a: i for i, a in enumerate(order_arms)}
@@ -264,7 +279,7 @@ def sweep_analysis(legs: Sequence[SweepLegInput], arms: Sequence[str], control: 
     summaries = tuple(_summary(a, [leg for leg in legs if leg.figures.arm == a])
                       for a in order_arms)
     exact = {s.arm: s.exact for s in summaries}
-    base: dict[str, Any] = {"method": SWEEP_METHOD, "control": control, "arms": tuple(order_arms),
+    base: dict[str, Any] = {"method": method, "control": control, "arms": tuple(order_arms),
             "order": tuple(leg.figures.name for leg in used), "blocks": len(complete),
             "dropped_blocks": dropped, "confidence": confidence,
             "record_confidence": record_confidence, "arm_summaries": summaries}
@@ -287,7 +302,8 @@ def sweep_analysis(legs: Sequence[SweepLegInput], arms: Sequence[str], control: 
                                [index[leg.figures.arm] for leg in used], k)
     se = math.sqrt(2 * s2 / len(complete))  # any difference of two arm means
     c, c_rec = critical if critical is not None else (
-        sweep_critical(k - 1, df, confidence), sweep_critical(k - 1, df, record_confidence))
+        sweep_critical(k - 1, df, confidence, method),
+        sweep_critical(k - 1, df, record_confidence, method))
     contrasts = []
     for a in order_arms[1:]:
         e = float(effects[index[a] - 1])

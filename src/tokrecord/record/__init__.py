@@ -43,6 +43,7 @@ from tokrecord.experiment.stats import (
     record_gate,
 )
 from tokrecord.experiment.sweep import (
+    SWEEP_METHOD,
     SweepLegInput,
     SweepSection,
     sweep_analysis,
@@ -183,9 +184,11 @@ def abba_record(
     facts: EvidenceFacts,
     power: Mapping[str, Any] | None = None,
     schema: str = SCHEMA_ABBA,
+    sweep_method: str | None = None,
 ) -> dict[str, Any]:
     """An ABBA or A/A experiment's record, in the form `schema` names (v2 unless an
-    older record is being recomputed)."""
+    older record is being recomputed); a sweep's by `sweep_method` when an older sweep
+    record is recomputed (experiment.sweep.SWEEP_METHOD_TWO_SIDED)."""
     if schema not in (SCHEMA_ABBA, SCHEMA_ABBA_V1):
         raise ConfigError(f"unknown experiment record schema {schema!r}")
     v1 = schema == SCHEMA_ABBA_V1
@@ -206,7 +209,7 @@ def abba_record(
     seq = sequential_section(plan, design, figs)
     if seq is not None:  # the stopping rule's interval, valid after optional stopping
         found, for_record = seq.verdict, seq.record_verdict
-    swept = sweep_section(plan, design, figs, results)
+    swept = sweep_section(plan, design, figs, results, sweep_method)
     if swept is not None:  # the best arm's, against control, family-wise
         found, for_record = sweep_verdicts(swept)
     # A sweep's record is the best arm's: its legs are the candidates the gate reads.
@@ -333,7 +336,8 @@ def abba_record(
 
 
 def sweep_section(plan: Plan, design: Sequence[DesignLeg], figs: Mapping[str, LegFigures],
-                  results: Mapping[str, LegResult]) -> SweepSection | None:
+                  results: Mapping[str, LegResult], method: str | None = None
+                  ) -> SweepSection | None:
     """A sweep's analysis (experiment.sweep) and its strict gate; None for other designs.
     An arm is exact when its legs' teacher-exact gates passed against the one teacher."""
     if plan.sweep is None:
@@ -348,7 +352,7 @@ def sweep_section(plan: Plan, design: Sequence[DesignLeg], figs: Mapping[str, Le
     else:
         analysis = sweep_analysis(legs, tuple(plan.all_arms), plan.control_arm,
                                   plan.verdict.confidence, plan.verdict.equivalence_pct,
-                                  plan.record_confidence)
+                                  plan.record_confidence, method=method or SWEEP_METHOD)
     passed = {leg.name: results[leg.name].valid for leg in design}
     return SweepSection(analysis=analysis, sequential=looks,
                         gate=sweep_record_gate(analysis, passed, plan.prior.value_tok_s))

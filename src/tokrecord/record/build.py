@@ -40,9 +40,10 @@ from tokrecord.record.schema import validate_record
 
 
 def build_record(plan: Plan, exp_dir: Path, results: Mapping[str, LegResult],
-                 schema: str | None = None) -> dict[str, Any]:
+                 schema: str | None = None, sweep_method: str | None = None) -> dict[str, Any]:
     """The record of a finished experiment, from its legs' evidence; `schema` names an
-    older record form when an older record is recomputed (verify)."""
+    older record form, and `sweep_method` an older sweep method, when an older record is
+    recomputed (verify)."""
     tries = attempts_log(exp_dir)
     run_dirs = {name: (Path(r.run_dir), r.arm) for name, r in results.items()}
     rows, outs = leg_outcomes(plan, run_dirs)
@@ -53,7 +54,7 @@ def build_record(plan: Plan, exp_dir: Path, results: Mapping[str, LegResult],
     power_path = exp_dir / layout.POWER
     power = json.loads(power_path.read_text(encoding="utf-8")) if power_path.exists() else None
     return abba_record(plan, results, rows, outs, tries, idle_gaps(exp_dir), facts, power,
-                       schema or SCHEMA_ABBA)
+                       schema or SCHEMA_ABBA, sweep_method)
 
 
 def leg_outcomes(plan: Plan, run_dirs: Mapping[str, tuple[Path, str]]

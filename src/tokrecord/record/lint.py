@@ -22,7 +22,13 @@ from tokrecord.evidence.safe import excerpt
 from tokrecord.experiment.plan import Spending, abba_design, abba_pairs
 from tokrecord.experiment.sequential import t_boundaries, z_boundaries
 from tokrecord.experiment.stats import ANALYSIS_METHOD, abba_df, fit_legs, verdict
-from tokrecord.experiment.sweep import ARM_LETTERS, fit_arms, sweep_critical, sweep_design
+from tokrecord.experiment.sweep import (
+    ARM_LETTERS,
+    SWEEP_METHOD,
+    fit_arms,
+    sweep_critical,
+    sweep_design,
+)
 from tokrecord.experiment.sweep_sequential import sweep_look_boundary
 
 REL_TOL = 1e-9
@@ -722,7 +728,9 @@ def _lint_sweep_fit(lint: _Linter, a: Mapping[str, Any], arms: list[str]) -> Non
             lint.close("sweep.analysis.critical_value", c, "the stopping look's boundary "
                        "(sweep_sequential.max_t_boundaries)", rel_tol=1e-6)
         else:
-            c = sweep_critical(k - 1, df, confidence)
+            method = a.get("method")
+            c = sweep_critical(k - 1, df, confidence, method if isinstance(method, str)
+                               else SWEEP_METHOD)
             lint.close("sweep.analysis.critical_value", c, "Dunnett's critical value",
                        rel_tol=1e-6)
         for i, contrast in enumerate(a.get("contrasts") or []):

@@ -48,6 +48,7 @@ from tokrecord.experiment.leg import (
 )
 from tokrecord.experiment.plan import Plan
 from tokrecord.experiment.stats import LegFigures
+from tokrecord.experiment.sweep import SWEEP_METHOD_TWO_SIDED
 from tokrecord.experiment.sweep_sequential import leg_exact, plan_blocks_needed
 from tokrecord.gates import gates_version
 from tokrecord.gates.teacher import load_teacher
@@ -500,7 +501,8 @@ def _verify_experiment(exp_dir: Path) -> list[Problem]:
     # Design order, as when run.
     ordered = {name: results[name] for name, _ in plan.legs if name in expected}
     # Recomputed in the form the record was written in: a v1 record by the v1 verdict.
-    recomputed = build_record(plan, exp_dir, ordered, schema=recorded.get("schema"))
+    recomputed = build_record(plan, exp_dir, ordered, schema=recorded.get("schema"),
+                              sweep_method=_recorded_sweep_method(recorded))
     recomputed = json.loads(json.dumps(recomputed))  # the same JSON types as the file
     for field, message in diff(recorded, recomputed):
         problems.append(Problem(file=layout.RECORD, field=field, message=message))
@@ -539,3 +541,12 @@ def signer_of(directory: Path, expected_fingerprint: str | None = None,
     return pin(signer_fingerprint(directory), expected=expected_fingerprint,
                trusted=load_trusted(trust_file), trust_file=trust_file,
                local=local_fingerprint(where))
+
+
+def _recorded_sweep_method(recorded: Mapping[str, Any]) -> str | None:
+    """The older sweep method a record names, so that it recomputes by that method; None
+    (the current method) for anything else, whose differences the diff then shows."""
+    sweep = recorded.get("sweep")
+    analysis = sweep.get("analysis") if isinstance(sweep, Mapping) else None
+    method = analysis.get("method") if isinstance(analysis, Mapping) else None
+    return SWEEP_METHOD_TWO_SIDED if method == SWEEP_METHOD_TWO_SIDED else None
