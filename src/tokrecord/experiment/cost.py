@@ -163,6 +163,23 @@ def sequential_blocks_for_power(effect_pct: float, noise: Noise, rows: int, spen
     return None
 
 
+def best_spending(effect_pct: float, noise: Noise, rows: int, min_blocks: int,
+                  confidence: float, equivalence_pct: float, trials: int = TRIALS
+                  ) -> tuple[Spending, tuple[int, float] | None]:
+    """For a plan that names no spending: the one whose smallest sequential design with 90 %
+    power spends the fewest expected blocks at the effect (Pocock-like spending stops
+    earlier near the design's effect; O'Brien-Fleming-like wins where its smaller maximum
+    matters), with that design (max_blocks, expected blocks). O'Brien-Fleming on a tie."""
+    best: tuple[Spending, tuple[int, float] | None] | None = None
+    for spending in (Spending.OBRIEN_FLEMING, Spending.POCOCK):
+        found = sequential_blocks_for_power(effect_pct, noise, rows, spending, min_blocks,
+                                            confidence, equivalence_pct, trials=trials)
+        if best is None or (found is not None and (best[1] is None or found[1] < best[1][1])):
+            best = (spending, found)
+    assert best is not None
+    return best
+
+
 def recommend(min_effect_pct: float, noise: Noise, cost: LegCost, max_rows: int,
               spending: Spending, min_blocks: int, confidence: float,
               equivalence_pct: float, trials: int = TRIALS) -> Recommendation:
@@ -312,16 +329,15 @@ def cost_report(plan: Plan, noise: Noise, rows: int, cost: LegCost | None, max_r
                           "min_effect_pct in the plan, or pass --min-effect")
     conf, eq = plan.verdict.confidence, plan.verdict.equivalence_pct
     spec = plan.sequential
-    spending = spec.spending if spec else Spending.OBRIEN_FLEMING
     min_blocks = spec.min_blocks if spec else 2
     if spec is None:
         fixed_k = plan.blocks
-        found = sequential_blocks_for_power(effect, noise, rows, spending, min_blocks, conf, eq,
-                                            trials=trials)
+        spending, found = best_spending(effect, noise, rows, min_blocks, conf, eq, trials)
         seq_spec = SequentialSpec(max_blocks=found[0] if found else 50,
                                   min_blocks=min_blocks, spending=spending,
                                   method=CURRENT_SEQUENTIAL_METHOD)
     else:
+        spending = spec.spending
         fixed_k = blocks_for_power(effect, noise, rows, conf, eq, TARGET_POWER) or 50
         seq_spec = spec
     fixed = fixed_design(fixed_k, conf)
