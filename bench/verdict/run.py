@@ -76,10 +76,12 @@ def pct(x: float) -> str:
 
 
 def simulate(trials: int, workers: int, part: tuple[int, int] = (1, 1)) -> dict[Cell, Tally]:
-    """Every cell of the grid (or every N-th from the K-th, `part` = (K, N)), each on its
-    own seed: a cell's figures are the same whichever part runs it."""
+    """Every cell of the grid (or every N-th pair of cells from the K-th, `part` = (K, N):
+    an A/A cell and its +3 % cell, adjacent in the grid, go together, since a table row
+    shows both), each on its own seed: a cell's figures are the same whichever part runs
+    it."""
     k, n = part
-    jobs = [(c, trials, 1000 + i) for i, c in enumerate(grid()) if i % n == k - 1]
+    jobs = [(c, trials, 1000 + i) for i, c in enumerate(grid()) if (i // 2) % n == k - 1]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         return dict(pool.map(_run, jobs, chunksize=4))
 
