@@ -169,11 +169,17 @@ def best_spending(effect_pct: float, noise: Noise, rows: int, min_blocks: int,
     """For a plan that names no spending: the one whose smallest sequential design with 90 %
     power spends the fewest expected blocks at the effect (Pocock-like spending stops
     earlier near the design's effect; O'Brien-Fleming-like wins where its smaller maximum
-    matters), with that design (max_blocks, expected blocks). O'Brien-Fleming on a tie."""
+    matters), with that design (max_blocks, expected blocks). O'Brien-Fleming on a tie.
+    The search starts at the fixed design's blocks for 90 %: a sequential design of at
+    most as many blocks is no more powerful (the fixed test is the most powerful at its
+    level), so none below it can reach 90 %."""
+    start = blocks_for_power(effect_pct, noise, rows, confidence, equivalence_pct,
+                             TARGET_POWER) or 2
     best: tuple[Spending, tuple[int, float] | None] | None = None
     for spending in (Spending.OBRIEN_FLEMING, Spending.POCOCK):
         found = sequential_blocks_for_power(effect_pct, noise, rows, spending, min_blocks,
-                                            confidence, equivalence_pct, trials=trials)
+                                            confidence, equivalence_pct, start=start,
+                                            trials=trials)
         if best is None or (found is not None and (best[1] is None or found[1] < best[1][1])):
             best = (spending, found)
     assert best is not None
