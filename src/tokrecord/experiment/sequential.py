@@ -34,7 +34,7 @@ intervals), and not an always-valid confidence sequence:
   them. The default `min_blocks` = 2 keeps the first look off the 2-df case.
 - The verdict's model is normal legs; real ones are not. On the H200 draft-model A/A
   legs (two-peaked between fresh servers) the leg-level t exceeds its nominal 2.5 % tail
-  at every look, by 10-20 %, whether the legs are drawn with or without replacement
+  at nearly every look, by up to 20 %, whether the legs are drawn with or without replacement
   (bench.verdict.seqcause), so boundaries spending exactly alpha under the model spend
   about 2.75 % on them, and the repeated interval covers slightly under 95 %. Method
   rci-t/2 (the current one) sets the same simulated boundaries to spend 0.8 alpha; rci-t/1
@@ -316,7 +316,7 @@ SEQUENTIAL_METHOD: Final = (  # rci-t/1's; its records carry this text unchanged
 SEQUENTIAL_METHOD_V2: Final = (
     "rci-t/2: group-sequential, Lan-DeMets alpha spending of 0.8 alpha (a margin for legs "
     "that are not normal: on the real H200 draft-model A/A legs the leg-level t exceeds "
-    "its nominal tail by up to 15 % at every look); t boundaries simulated under the "
+    "its nominal tail by up to 20 % at a look); t boundaries simulated under the "
     "verdict's model (one contrast and 2 df of pure error per ABBA block, 200000 paths, "
     "seed 20131; the normal boundary by numerical integration beside them); the interval "
     "is the repeated confidence interval (estimate +- boundary x se), valid after optional "
