@@ -46,6 +46,7 @@ from rich.table import Table
 
 from bench.verdict import sim
 from bench.verdict.sim import BASE_TOK_S, ROW_SPEED_SD, ROWS
+from tokrecord.experiment.cost import best_spending, sequential_design, simulate
 from tokrecord.experiment.interim import sequential_analysis
 from tokrecord.experiment.plan import Criteria, Plan, Spending, abba_design, parse_plan
 from tokrecord.experiment.stats import (
@@ -84,6 +85,7 @@ def seq_plan(max_blocks: int, spending: Spending, min_blocks: int = 2) -> Plan:
 class Tally(sim.Tally):
     """The fixed designs' tally (verdicts, records, coverage) plus where each run stopped."""
     legs: int = 0
+    legs_sq: int = 0  # for the Monte-Carlo error of the mean legs
     stops: dict[str, int] = field(default_factory=dict)
     # Sums of the estimate's error at the stop (log ratio x 100 less the truth): plain,
     # and bias-adjusted over the trials that have one.
@@ -105,6 +107,7 @@ class Tally(sim.Tally):
         self.strict_record += record
         self.covered += covered
         self.legs += legs
+        self.legs_sq += legs * legs
         self.stops[at] = self.stops.get(at, 0) + 1
 
 
@@ -251,8 +254,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells += [("h200", (str(t), k, s, 0.0, args.trials, 500 + i, True))
               for i, (t, k, s) in enumerate((t, k, s) for t in tars if t.exists()
                                             for k in AA_BLOCKS for s in Spending)]
+    noise = Noise(sd_leg_pct=H200_DRAFT[0], sd_row_pct=H200_DRAFT[1])
+    # The design `plan cost` recommends by default at this noise (its spending and the
+    # smallest max_blocks with 90 % power), beside the grid.
+    default = None
+    if "asn" in only:
+        default_spending, default_found = best_spending(5.0, noise, ROWS, 2, 0.95, 1.0)
+        default = (default_found[0], default_spending) if default_found else None
+    asn = [(k, s) for k in ASN_BLOCKS for s in Spending]
+    if default is not None and default not in asn:
+        asn.insert(0, default)
     cells += [("asn", (H200_DRAFT[0], H200_DRAFT[1], 5.0, k, s, args.asn_trials, 900 + i))
-              for i, (k, s) in enumerate((k, s) for k in ASN_BLOCKS for s in Spending)]
+              for i, (k, s) in enumerate(asn)]
     chosen = [c for i, c in enumerate(c for c in cells if c[0] in only)
               if i % n_part == k_part - 1]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
@@ -291,13 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(table)
     out["no_effect"] = rows_out
 
-    noise = Noise(sd_leg_pct=H200_DRAFT[0], sd_row_pct=H200_DRAFT[1])
     t2 = Table(title=f"+5 % with H200 draft-model noise (sd_leg {H200_DRAFT[0]} %, sd_row "
                f"{H200_DRAFT[1]} %); estimate errors in log % (100 ln ratio less the truth)",
                title_justify="left", box=None, padding=(0, 1))
-    for col in ("max_blocks", "spending", "trials", "P(FASTER) ± SE", "mean legs", "cover",
-                "fixed blocks, same power", "fixed legs", "sequential / fixed",
-                "bias plain", "bias adjusted"):
+    for col in ("max_blocks", "spending", "trials", "P(FASTER) ± SE", "mean legs",
+                "planner: P, legs", "cover", "fixed blocks, same power", "fixed legs",
+                "sequential / fixed", "/ fixed at 90 %", "bias plain", "bias adjusted"):
         t2.add_column(col, justify="right")
     asn_out = []
     best = (math.inf, "")
@@ -309,18 +321,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The fixed design of at least the power the sequential one reached (capped at
         # 99 %: a simulated 100 % is a Monte-Carlo figure, not certainty).
         fixed = blocks_for_power(5.0, noise, ROWS, 0.95, 1.0, target=min(p, 0.99)) or 0
+        fixed90 = blocks_for_power(5.0, noise, ROWS, 0.95, 1.0, target=0.9) or 0
         mean_legs = t.legs / t.trials
         ratio = mean_legs / (4 * fixed) if fixed else math.nan
+        ratio90 = mean_legs / (4 * fixed90) if fixed90 else math.nan
+        spec = seq_plan(k, s).sequential
+        assert spec is not None
+        # The planner's figure for the same design: cost.simulate walks
+        # sequential.draw_paths/run_paths, the model paths every planner figure comes from.
+        pf, *_rest, blocks_pred = simulate(5.0, noise, ROWS, *sequential_design(spec, 0.95),
+                                           1.0, trials=20_000)
+        is_default = default == (k, s)
         if ratio < best[0]:
             best = (ratio, f"max_blocks {k}, {s.value}, power {pct(p)} %")
         bias = t.error_sum / t.trials
         adj = t.adjusted_error_sum / t.adjusted if t.adjusted else math.nan
-        t2.add_row(str(k), s.value, str(n), f"{pct(p)} ± {pct(se(p, n))}", f"{mean_legs:.1f}",
-                   pct(t.rate(t.covered)),
+        legs_se = math.sqrt(max(t.legs_sq / t.trials - mean_legs**2, 0.0) / t.trials)
+        t2.add_row(str(k) + (" (planner default)" if is_default else ""), s.value, str(n),
+                   f"{pct(p)} ± {pct(se(p, n))}", f"{mean_legs:.1f} ± {legs_se:.1f}",
+                   f"{pct(pf)}, {4 * blocks_pred:.1f}", pct(t.rate(t.covered)),
                    f"{fixed} ({pct(power(5.0, noise, ROWS, fixed, 0.95, 1.0))} %)",
-                   str(4 * fixed), f"{ratio:.2f}", f"{bias:+.2f}", f"{adj:+.2f}")
+                   str(4 * fixed), f"{ratio:.2f}", f"{ratio90:.2f}", f"{bias:+.2f}",
+                   f"{adj:+.2f}")
         asn_out.append({"max_blocks": k, "spending": s.value, "power": p, "mean_legs": mean_legs,
-                        "fixed_blocks": fixed, "ratio": ratio, "bias_plain": bias,
+                        "mean_legs_se": legs_se, "planner_power": pf,
+                        "planner_legs": 4 * blocks_pred, "planner_default": is_default,
+                        "fixed_blocks": fixed, "ratio": ratio, "fixed_blocks_90": fixed90,
+                        "ratio_fixed_90": ratio90, "bias_plain": bias,
                         "bias_adjusted": adj, **asdict(t)})
     if asn_out:
         console.print(t2)

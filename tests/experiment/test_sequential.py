@@ -10,9 +10,19 @@ import numpy as np
 import pytest
 
 from tokrecord.errors import ConfigError
-from tokrecord.experiment.plan import Spending, load_plan, parse_plan
+from tokrecord.experiment.interim import abba_looks, sequential_analysis
+from tokrecord.experiment.plan import (
+    CURRENT_SEQUENTIAL_METHOD,
+    Plan,
+    SequentialMethod,
+    Spending,
+    load_plan,
+    parse_plan,
+)
 from tokrecord.experiment.sequential import (
     _CODES,
+    SEQUENTIAL_METHOD,
+    SEQUENTIAL_METHOD_V2,
     Action,
     Design,
     LookInput,
@@ -28,7 +38,7 @@ from tokrecord.experiment.sequential import (
     t_boundary,
     z_boundaries,
 )
-from tokrecord.experiment.stats import Verdict
+from tokrecord.experiment.stats import AnalysisLeg, LegFigures, Verdict
 
 FIVE = (0.2, 0.4, 0.6, 0.8, 1.0)
 BASE = {"name": "seq", "server": {"argv": ["llama-server", "-m", "m.gguf"], "model": "m"},
@@ -151,6 +161,62 @@ def test_a_plan_without_sequential_keeps_its_hash_and_one_with_it_changes() -> N
     assert seq.sequential.spending is Spending.OBRIEN_FLEMING
 
 
+def test_a_plan_file_gets_the_current_method_and_a_sealed_plan_keeps_its_own() -> None:
+    """A [sequential] section that names no method gets rci-t/2 and seals it; a plan.json
+    sealed before methods were named has none, ran under rci-t/1, and keeps its hash."""
+    new = parse_plan({**BASE, "sequential": {"max_blocks": 4}}, "p.toml")
+    assert new.sequential is not None and new.sequential.method is CURRENT_SEQUENTIAL_METHOD
+    assert CURRENT_SEQUENTIAL_METHOD is SequentialMethod.RCI_T_2
+    assert b'"method":"rci-t/2"' in new.canonical()
+    legacy = {**BASE, "sequential": {"max_blocks": 4, "min_blocks": 2,
+                                     "spending": "obrien-fleming", "equivalence_pct": None}}
+    sealed = Plan.model_validate(legacy)
+    assert sealed.sequential is not None and sealed.sequential.method is None
+    assert sealed.sequential.method_in_force is SequentialMethod.RCI_T_1
+    assert b"method" not in sealed.canonical()
+    assert Plan.model_validate_json(sealed.canonical()).sha256 == sealed.sha256
+    named = parse_plan({**BASE, "sequential": {"max_blocks": 4, "method": "rci-t/1"}}, "p")
+    assert named.sequential is not None and named.sequential.method_in_force is \
+        SequentialMethod.RCI_T_1
+    with pytest.raises(ConfigError, match=r"key 'sequential\.method'"):
+        parse_plan({**BASE, "sequential": {"max_blocks": 4, "method": "rci-z/9"}}, "p")
+
+
+def _legs(blocks: int, effect: float) -> list[AnalysisLeg]:
+    """ABBA legs with a leg effect that makes every look's t finite, and a log effect."""
+    rng = np.random.default_rng(5)
+    out = []
+    for leg in Plan.model_validate({**BASE, "sequential": {"max_blocks": blocks}}).design_legs:
+        shift = rng.normal(0, 0.02) + (effect if leg.treated else 0.0)
+        rates = tuple(float(100 * math.exp(shift + x)) for x in rng.normal(0, 0.01, 5))
+        out.append(AnalysisLeg(figures=LegFigures(name=leg.name, arm="x", headline=rates[0],
+                                                  row_rates=rates, aggregate_cycle_ms=None,
+                                                  acceptance_rate=None),
+                               block=leg.block, treated=leg.treated))
+    return out
+
+
+def test_a_sealed_rci_t_1_plan_recomputes_with_rci_t_1_and_a_new_one_with_rci_t_2() -> None:
+    """rci-t/1's boundaries are those main produced before rci-t/2 existed (so its records
+    still verify); rci-t/2's spend 0.8 alpha, so they are wider and the record says so."""
+    legacy = Plan.model_validate({**BASE, "sequential": {"max_blocks": 4,
+                                                         "spending": "pocock"}})
+    new = parse_plan({**BASE, "sequential": {"max_blocks": 4, "spending": "pocock"}}, "p")
+    legs = _legs(4, 0.0)
+    old = sequential_analysis(legacy, legs, adjust=False)
+    now = sequential_analysis(new, legs, adjust=False)
+    assert old.method == SEQUENTIAL_METHOD and now.method == SEQUENTIAL_METHOD_V2
+    assert [lk.boundary for lk in old.looks] == pytest.approx(
+        [2.9832612138280474, 2.9301503418882233, 2.7911882794769696], abs=1e-12)
+    assert [lk.record_boundary for lk in old.looks] == pytest.approx(
+        [3.859817900016379, 3.6781558227965503, 3.408593445891876], abs=1e-12)
+    assert all(b.boundary > a.boundary for a, b in zip(old.looks, now.looks, strict=True))
+    assert now.looks[-1].alpha_spent == pytest.approx(0.8 * 0.05)
+    assert old.looks[-1].alpha_spent == pytest.approx(0.05)
+    assert now.looks[0].boundary == boundaries(abba_looks(new.sequential), 0.95,
+                                               Spending.POCOCK, SequentialMethod.RCI_T_2)[0]
+
+
 def test_max_below_min_blocks_names_the_file_and_key(tmp_path: Path) -> None:
     path = tmp_path / "plan.toml"
     path.write_text('name = "x"\n[server]\nargv = ["llama-server"]\nmodel = "m"\n'
@@ -202,6 +268,15 @@ def test_t_boundaries_spend_alpha_for_abba_blocks_by_fresh_simulation(spending: 
         carried |= t > t_boundary(z, 3 * k - 1)
     assert crossed.mean() == pytest.approx(0.025, abs=0.0012)
     assert carried.mean() > crossed.mean()
+    # rci-t/2 spends 0.8 alpha: its boundaries, on the same paths.
+    wide = boundaries(Design(units=units, max_units=5, extra_df=2), 0.95, spending,
+                      SequentialMethod.RCI_T_2)
+    crossed_wide = np.zeros(n, dtype=bool)
+    for k, c in zip(units, wide, strict=True):
+        mean = d[:, :k].mean(axis=1)
+        ss = w[:, :k].sum(axis=1) + ((d[:, :k] - mean[:, None]) ** 2).sum(axis=1)
+        crossed_wide |= mean / np.sqrt(ss / (3 * k - 1) / k) > c
+    assert crossed_wide.mean() == pytest.approx(0.02, abs=0.0011)
 
 
 def test_t_boundaries_are_reproducible_and_checked() -> None:

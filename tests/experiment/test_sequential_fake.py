@@ -14,10 +14,12 @@ import pytest
 from plan_support import events, plan_toml, write_plan
 from tokrecord.errors import ConfigError
 from tokrecord.experiment.runner import run_experiment
+from tokrecord.experiment.sequential import SEQUENTIAL_METHOD
 from tokrecord.record.build import build_record, finish
 from tokrecord.record.lint import lint_record
 from tokrecord.record.schema import ExperimentRecordV2, validate_record
 from tokrecord.record.verify import verify_dir
+from tokrecord.report import fmt, load_report, render_html, render_markdown, render_terminal
 
 EIGHT = ["A1", "B1", "B2", "A2", "B3", "A3", "A4", "B4"]
 SEQ = "[sequential]\nmax_blocks = 4\nmin_blocks = 2\nspending = \"pocock\"\n"
@@ -69,6 +71,37 @@ def test_the_record_states_each_look_and_the_repeated_interval(stopped: SimpleNa
 def test_a_sequential_record_verifies_and_lints(stopped: SimpleNamespace) -> None:
     assert verify_dir(stopped.exp) == []
     assert lint_record(stopped.record) == []
+
+
+def test_the_plan_seals_the_current_method_and_the_record_names_it(stopped: SimpleNamespace
+                                                                   ) -> None:
+    sealed = json.loads((stopped.exp / "plan.json").read_text())
+    assert sealed["sequential"]["method"] == "rci-t/2"
+    assert stopped.record["sequential"]["method"].startswith("rci-t/2: ")
+
+
+def test_lint_checks_the_boundaries_of_the_method_the_record_names(stopped: SimpleNamespace
+                                                                   ) -> None:
+    """rci-t/2's boundaries spend 0.8 alpha: under rci-t/1's text they are the wrong ones."""
+    record = json.loads(json.dumps(stopped.record))
+    record["sequential"]["method"] = SEQUENTIAL_METHOD
+    fields = {p.field for p in lint_record(record)}
+    assert "sequential.looks.0.boundary" in fields
+    record["sequential"]["method"] = "made up"
+    assert [p.field for p in lint_record(record)] == ["sequential.method"]
+
+
+def test_every_report_shows_the_adjusted_estimate_beside_the_plain_one(
+        stopped: SimpleNamespace) -> None:
+    seq = stopped.record["sequential"]
+    assert seq["estimate_adjusted_ratio"] is not None
+    d = load_report(stopped.exp, verify=False)
+    plain = fmt.pct(100 * (seq["estimate_ratio"] - 1))
+    adjusted = fmt.pct(100 * (seq["estimate_adjusted_ratio"] - 1))
+    for out in (render_terminal(d, width=200), render_markdown(d), render_html(d)):
+        flat = " ".join(out.split())
+        assert f"plain {plain}, bias-adjusted {adjusted}" in flat
+        assert "happens to be large" in flat
 
 
 def test_lint_catches_a_verdict_the_stopping_rule_did_not_give(stopped: SimpleNamespace

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tokrecord.engines import Endpoint, EngineName
 from tokrecord.experiment.plan import (
+    CURRENT_SEQUENTIAL_METHOD,
     Arm,
     Design,
     NoisePlan,
@@ -192,7 +193,8 @@ def demo_sequential(max_blocks: int) -> SequentialSpec | None:
     and it never runs more than the fixed design would; None when one block fits."""
     if max_blocks < 2:
         return None
-    return SequentialSpec(max_blocks=max_blocks, min_blocks=1, spending=Spending.POCOCK)
+    return SequentialSpec(max_blocks=max_blocks, min_blocks=1, spending=Spending.POCOCK,
+                          method=CURRENT_SEQUENTIAL_METHOD)
 
 
 def demo_plan_llamacpp(python: Path, target: Path, draft: Path, *, rows: int | None = None,

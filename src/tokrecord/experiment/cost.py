@@ -34,9 +34,14 @@ from scipy import stats as sps
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout, read_jsonl
 from tokrecord.experiment.interim import abba_looks, look_blocks
-from tokrecord.experiment.plan import Plan, SequentialSpec, Spending
+from tokrecord.experiment.plan import (
+    CURRENT_SEQUENTIAL_METHOD,
+    Plan,
+    SequentialSpec,
+    Spending,
+)
 from tokrecord.experiment.power import read_records
-from tokrecord.experiment.sequential import boundaries
+from tokrecord.experiment.sequential import Design, boundaries, draw_paths, run_paths
 from tokrecord.experiment.stats import Noise, abba_df, blocks_for_power, leg_sd_pct
 
 TARGET_POWER: Final = 0.9
@@ -107,31 +112,18 @@ def simulate(effect_pct: float, noise: Noise, rows: int, blocks: Sequence[int],
              seed: int = 0) -> tuple[float, float, float, float, float]:
     """(P FASTER, P SLOWER, P NO DIFFERENCE, P UNDECIDED, expected blocks) of a design
     that looks after each of `blocks` with t critical values `critical`, stopping at the
-    first decision. A fixed design is one look."""
-    rng = np.random.default_rng(seed)
-    most = max(blocks)
+    first decision. A fixed design is one look. The paths are the sequential module's
+    (`draw_paths`, `run_paths`: ABBA blocks as units, 2 df of pure error each), the
+    same that the bias-adjusted estimate and bench.verdict.sequential's prediction walk."""
+    units = tuple(blocks)
+    paths = draw_paths(Design(units=units, max_units=max(units), extra_df=2), trials, seed)
     sigma = leg_sd_pct(noise, rows) / 100
-    delta = math.log1p(effect_pct / 100)
-    d = rng.normal(delta, sigma, (trials, most))
-    w = sigma**2 * rng.chisquare(2, (trials, most))
-    low_band, high_band = math.log1p(-equivalence_pct / 100), math.log1p(equivalence_pct / 100)
-    outcome = np.zeros(trials, dtype=np.int8)  # 0 running, 1 F, 2 S, 3 ND, 4 U
-    stop = np.full(trials, most, dtype=np.int64)
-    for j, (k, c) in enumerate(zip(blocks, critical, strict=True)):
-        part = d[:, :k]
-        tau = part.mean(axis=1)
-        ss = w[:, :k].sum(axis=1) + ((part - tau[:, None]) ** 2).sum(axis=1)
-        se = np.sqrt(ss / abba_df(k)) / math.sqrt(k)
-        low, high = tau - c * se, tau + c * se
-        nd = (low >= low_band) & (high <= high_band)
-        found = np.where(nd, 3, np.where(low > 0, 1, np.where(high < 0, 2, 0)))
-        if j == len(blocks) - 1:
-            found = np.where(found == 0, 4, found)
-        new = (outcome == 0) & (found != 0)
-        outcome[new] = found[new]
-        stop[new] = k
-    return (float(np.mean(outcome == 1)), float(np.mean(outcome == 2)),
-            float(np.mean(outcome == 3)), float(np.mean(outcome == 4)), float(np.mean(stop)))
+    found, stop, _ = run_paths(paths, critical, math.log1p(effect_pct / 100), sigma,
+                               math.log1p(equivalence_pct / 100),
+                               math.log1p(-equivalence_pct / 100))
+    share = np.bincount(found, minlength=4) / trials
+    return (float(share[0]), float(share[1]), float(share[2]), float(share[3]),
+            float(np.mean(np.asarray(units)[stop])))
 
 
 def fixed_design(blocks: int, confidence: float) -> tuple[list[int], list[float]]:
@@ -140,7 +132,7 @@ def fixed_design(blocks: int, confidence: float) -> tuple[list[int], list[float]
 
 def sequential_design(spec: SequentialSpec, confidence: float) -> tuple[list[int], list[float]]:
     return list(look_blocks(spec)), list(boundaries(abba_looks(spec), confidence,
-                                                   spec.spending))
+                                                   spec.spending, spec.method_in_force))
 
 
 def outcome(design: str, blocks: int, looks: tuple[list[int], list[float]], effect_pct: float,
@@ -161,13 +153,37 @@ def sequential_blocks_for_power(effect_pct: float, noise: Noise, rows: int, spen
     """The smallest max_blocks whose simulated P(FASTER) reaches 90 %, with its expected
     blocks at that effect; None when 50 do not."""
     for k in range(max(start, min_blocks, 2), most + 1):
-        spec = SequentialSpec(max_blocks=k, min_blocks=min(min_blocks, k), spending=spending)
+        spec = SequentialSpec(max_blocks=k, min_blocks=min(min_blocks, k), spending=spending,
+                              method=CURRENT_SEQUENTIAL_METHOD)
         f, _, _, _, mean_blocks = simulate(effect_pct, noise, rows,
                                            *sequential_design(spec, confidence),
                                            equivalence_pct, trials)
         if f >= TARGET_POWER:
             return k, mean_blocks
     return None
+
+
+def best_spending(effect_pct: float, noise: Noise, rows: int, min_blocks: int,
+                  confidence: float, equivalence_pct: float, trials: int = TRIALS
+                  ) -> tuple[Spending, tuple[int, float] | None]:
+    """For a plan that names no spending: the one whose smallest sequential design with 90 %
+    power spends the fewest expected blocks at the effect (Pocock-like spending stops
+    earlier near the design's effect; O'Brien-Fleming-like wins where its smaller maximum
+    matters), with that design (max_blocks, expected blocks). O'Brien-Fleming on a tie.
+    The search starts at the fixed design's blocks for 90 %: a sequential design of at
+    most as many blocks is no more powerful (the fixed test is the most powerful at its
+    level), so none below it can reach 90 %."""
+    start = blocks_for_power(effect_pct, noise, rows, confidence, equivalence_pct,
+                             TARGET_POWER) or 2
+    best: tuple[Spending, tuple[int, float] | None] | None = None
+    for spending in (Spending.OBRIEN_FLEMING, Spending.POCOCK):
+        found = sequential_blocks_for_power(effect_pct, noise, rows, spending, min_blocks,
+                                            confidence, equivalence_pct, start=start,
+                                            trials=trials)
+        if best is None or (found is not None and (best[1] is None or found[1] < best[1][1])):
+            best = (spending, found)
+    assert best is not None
+    return best
 
 
 def recommend(min_effect_pct: float, noise: Noise, cost: LegCost, max_rows: int,
@@ -319,15 +335,15 @@ def cost_report(plan: Plan, noise: Noise, rows: int, cost: LegCost | None, max_r
                           "min_effect_pct in the plan, or pass --min-effect")
     conf, eq = plan.verdict.confidence, plan.verdict.equivalence_pct
     spec = plan.sequential
-    spending = spec.spending if spec else Spending.OBRIEN_FLEMING
     min_blocks = spec.min_blocks if spec else 2
     if spec is None:
         fixed_k = plan.blocks
-        found = sequential_blocks_for_power(effect, noise, rows, spending, min_blocks, conf, eq,
-                                            trials=trials)
+        spending, found = best_spending(effect, noise, rows, min_blocks, conf, eq, trials)
         seq_spec = SequentialSpec(max_blocks=found[0] if found else 50,
-                                  min_blocks=min_blocks, spending=spending)
+                                  min_blocks=min_blocks, spending=spending,
+                                  method=CURRENT_SEQUENTIAL_METHOD)
     else:
+        spending = spec.spending
         fixed_k = blocks_for_power(effect, noise, rows, conf, eq, TARGET_POWER) or 50
         seq_spec = spec
     fixed = fixed_design(fixed_k, conf)

@@ -78,7 +78,7 @@ def sequential_analysis(plan: Plan, legs: Sequence[AnalysisLeg],
               for b in look_blocks(spec) if b <= complete]
     return analyse(inputs, len(look_blocks(spec)), look_fractions(spec), spec.spending,
                    plan.verdict.confidence, plan.record_confidence, eq, abba_looks(spec),
-                   adjust=adjust)
+                   adjust=adjust, method=spec.method_in_force)
 
 
 def abba_looks(spec: SequentialSpec) -> Design:

@@ -142,6 +142,22 @@ class Spending(StrEnum):
     POCOCK = "pocock"
 
 
+class SequentialMethod(StrEnum):
+    """How a sequential plan's boundaries are set (experiment.sequential): sealed with the
+    plan, so a record is recomputed by the method it ran under."""
+
+    # t boundaries simulated under the verdict's normal model, spending exactly alpha.
+    RCI_T_1 = "rci-t/1"
+    # The same, spending 0.8 alpha: real legs between fresh servers are not normal, and
+    # the leg-level t exceeds its nominal tail on them (bench.verdict.seqcause).
+    RCI_T_2 = "rci-t/2"
+
+
+# What a [sequential] section gets when it names no method (parse_plan); a plan sealed
+# before methods were named has none in its plan.json and ran under rci-t/1.
+CURRENT_SEQUENTIAL_METHOD: Final = SequentialMethod.RCI_T_2
+
+
 class SequentialSpec(_Strict):
     """A sequential design: ABBA/BAAB blocks, an interim analysis after each from
     `min_blocks` on, stopping as soon as the preregistered boundaries decide
@@ -153,6 +169,13 @@ class SequentialSpec(_Strict):
     spending: Spending = Spending.OBRIEN_FLEMING
     # The band for NO DIFFERENCE; None: the verdict's equivalence_pct.
     equivalence_pct: float | None = Field(default=None, ge=0)
+    # None: a plan sealed before methods were named (rci-t/1); a plan parsed from a user's
+    # file gets CURRENT_SEQUENTIAL_METHOD unless it names one.
+    method: SequentialMethod | None = None
+
+    @property
+    def method_in_force(self) -> SequentialMethod:
+        return self.method or SequentialMethod.RCI_T_1
 
     @field_validator("max_blocks")
     @classmethod
@@ -473,9 +496,12 @@ class Plan(_Strict):
         # their defaults, so a plan sealed before they existed keeps its hash (and its
         # record keeps verifying). The criteria a leg actually used are in its
         # config.json and idle.json either way.
-        later = {name for name, field in type(self).model_fields.items()
-                 if _OMITTED_AT_DEFAULT in field.metadata
-                 and getattr(self, name) == field.get_default(call_default_factory=True)}
+        later: dict[str, Any] = {
+            name: True for name, field in type(self).model_fields.items()
+            if _OMITTED_AT_DEFAULT in field.metadata
+            and getattr(self, name) == field.get_default(call_default_factory=True)}
+        if self.sequential is not None and self.sequential.method is None:
+            later["sequential"] = {"method": True}  # sealed before methods were named
         return canonical_json(self.model_dump(mode="json", by_alias=True, exclude=later))
 
     @property
@@ -499,6 +525,9 @@ def _friendly(source: str, exc: ValidationError) -> str:
 def parse_plan(data: dict[str, Any], source: str, noise_given: bool = False) -> Plan:
     """The plan, validated. `noise_given`: the noise comes from elsewhere (`plan power
     --from` or `--sd-leg/--sd-row`), so a min_effect_pct needs no [noise] here."""
+    seq = data.get("sequential")
+    if isinstance(seq, dict) and "method" not in seq:
+        data = {**data, "sequential": {**seq, "method": CURRENT_SEQUENTIAL_METHOD.value}}
     try:
         plan = Plan.model_validate(data)
     except ValidationError as exc:

@@ -20,7 +20,12 @@ from scipy import stats as sps
 
 from tokrecord.evidence.safe import excerpt
 from tokrecord.experiment.plan import Spending, abba_design, abba_pairs
-from tokrecord.experiment.sequential import t_boundaries, z_boundaries
+from tokrecord.experiment.sequential import (
+    ALPHA_FACTOR,
+    method_of_text,
+    t_boundaries,
+    z_boundaries,
+)
 from tokrecord.experiment.stats import ANALYSIS_METHOD, abba_df, fit_legs, verdict
 from tokrecord.experiment.sweep import (
     ARM_LETTERS,
@@ -565,6 +570,12 @@ def _lint_sequential(lint: _Linter, blocks: int) -> None:
         lint.problems.append(LintProblem(field="sequential.spending", message="unknown spending",
                                          found=seq.get("spending")))
         return
+    method = method_of_text(seq.get("method"))
+    if method is None:
+        lint.problems.append(LintProblem(field="sequential.method",
+                                         message="not a sequential method this tool knows",
+                                         found=seq.get("method")))
+        return
     zs: tuple[float, ...] = ()
     ts: tuple[float, ...] = ()
     if conf is not None and isinstance(max_looks, int) and 0 < max_looks <= 50 and \
@@ -578,15 +589,15 @@ def _lint_sequential(lint: _Linter, blocks: int) -> None:
         if planned and all(math.isclose(a, b, rel_tol=1e-9)
                            for a, b in zip(fr, planned, strict=False)) and last <= 1.0:
             with contextlib.suppress(ValueError):
-                zs = z_boundaries(planned, (1 - conf) / 2, spending)
+                zs = z_boundaries(planned, ALPHA_FACTOR[method] * (1 - conf) / 2, spending)
             df0 = looks[0].get("df")
             units = tuple(range(first, most + 1))
             # Each unit (block) adds one contrast and extra_df of pure error.
             if isinstance(df0, int) and not isinstance(df0, bool) and (df0 + 1) % first == 0 \
                     and (df0 + 1) // first >= 1 and most <= 50:
                 with contextlib.suppress(ValueError):
-                    ts = t_boundaries(units, most, (df0 + 1) // first - 1, (1 - conf) / 2,
-                                      spending)
+                    ts = t_boundaries(units, most, (df0 + 1) // first - 1,
+                                      ALPHA_FACTOR[method] * (1 - conf) / 2, spending)
     for i, look in enumerate(looks):
         base = f"sequential.looks.{i}"
         stop = look.get("action") == "stop"

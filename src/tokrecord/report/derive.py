@@ -838,7 +838,7 @@ def _abba_parts(record: AbbaRecord, legs: Sequence[LegView], title: str) -> dict
             "power": power_view(record), "design": design, "blocks": blocks,
             "pairs": _pairs(record), "record_gate": _record_gate_abba(record), "quality": quality,
             "experiment_gates": experiment_gates, "sequential": sequential_text(record),
-            **sweep_parts(record)}
+            "sequential_estimate": sequential_estimate_text(record), **sweep_parts(record)}
 
 
 def sweep_parts(record: AbbaRecord) -> dict[str, Any]:
@@ -866,6 +866,25 @@ def sequential_text(record: AbbaRecord) -> str | None:
             f"{record.protocol.max_blocks} blocks ({seq.spending.value} spending): {ci}; "
             f"{looks}. The fixed-sample interval above is not valid after stopping; "
             f"{seq.estimate_note.split(';')[0]}")
+
+
+def sequential_estimate_text(record: AbbaRecord) -> str | None:
+    """A stopped sequential record's estimate: the plain one beside the bias-adjusted one
+    (Whitehead 1986), with one line on why they differ; None when there is no estimate."""
+    if not isinstance(record, ExperimentRecordV2) or record.sequential is None:
+        return None
+    seq = record.sequential
+    if seq.estimate_ratio is None:
+        return None
+    plain = f"plain {fmt.pct(100 * (seq.estimate_ratio - 1))}"
+    if seq.estimate_adjusted_ratio is None:
+        return (f"{plain} (no bias-adjusted estimate in this record). A run that stops early "
+                "does so when its estimate happens to be large, so the plain estimate leans "
+                "away from no change")
+    return (f"{plain}, bias-adjusted {fmt.pct(100 * (seq.estimate_adjusted_ratio - 1))}. "
+            "A run that stops early does so when its estimate happens to be large, so the "
+            "plain estimate leans away from no change; the adjusted one (Whitehead 1986) is "
+            "the effect whose expected estimate at this stop equals the one observed")
 
 
 def leg_report(view: LegView, *, timelines: tuple[Timeline, ...], timeline_choice: str,

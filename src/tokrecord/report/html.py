@@ -394,8 +394,18 @@ def _abba_v2(d: ReportData) -> str:
                            + f" Method: {a.method}."))
         parts.append("<h3>The noise the interval rests on</h3>" + _facts(_noise_facts(a)))
         parts.append(_leg_figures(d, a))
+    parts.append(_sequential(d))
     parts.append(_power(d.power))
     return f'<section id="abba">{"".join(parts)}</section>'
+
+
+def _sequential(d: ReportData) -> str:
+    """A sequential record's stopping rule and its estimate at the stop, plain and
+    bias-adjusted (nothing for a fixed design)."""
+    facts = [Fact(label=label, value=value) for label, value in
+             (("stopping rule", d.sequential), ("estimate at the stop", d.sequential_estimate))
+             if value is not None]
+    return "<h3>Sequential design</h3>" + _facts(facts) if facts else ""
 
 
 def _noise_facts(a: Analysis) -> list[Fact]:

@@ -352,6 +352,8 @@ class ReportData(_Frozen):
     design: str | None = None  # v2: "abba" or "aa" (None: v1 or not an experiment record)
     blocks: int | None = None  # v2
     sequential: str | None = None  # v2 with a sequential plan: its stopping rule, one line
+    # v2 with a sequential plan that stopped: the plain and the bias-adjusted estimate, and why
+    sequential_estimate: str | None = None
     pairs: tuple[PairView, ...] = ()
     record_gate: RecordGate | None = None
     quality: tuple[Fact, ...] = ()

@@ -131,6 +131,8 @@ def v2_lines(d: ReportData) -> list[tuple[str, str]]:
     out.append(("design", fmt.design(d.design, d.blocks)))
     if d.sequential is not None:
         out.append(("sequential", d.sequential))
+    if d.sequential_estimate is not None:
+        out.append(("estimate at the stop", d.sequential_estimate))
     out.append(("power", power_text(d.power) if d.power is not None
                 else "none preregistered (the plan declared no min_effect_pct)"))
     return out
