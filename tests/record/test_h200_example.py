@@ -54,3 +54,16 @@ def test_committed_h200_sweep_verifies_by_the_method_it_was_sealed_with(tmp_path
                      "n_max=16": False}
     ratios = {c["arm"]: c["ratio"] for c in a["contrasts"]}
     assert ratios["n_max=16"] > ratios["n_max=8"] > ratios["n_max=4"] > 1.2
+
+
+def test_the_h200_sweeps_report_names_the_design_and_why_its_headline_is_no_best(
+        tmp_path: Path) -> None:
+    from tokrecord.report import load_report
+    from tokrecord.report.text import headline_text, kind_text
+
+    with tarfile.open(EXAMPLES / "exp-sweep.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    d = load_report(tmp_path / "exp-sweep")
+    assert kind_text(d) == "sweep experiment, 2 blocks"
+    assert not any(r.best for r in d.sweep)
+    assert "no arm is claimed best" in headline_text(d)

@@ -30,6 +30,7 @@ from .text import (
     pairs_what,
     power_text,
     record_interval_text,
+    sweep_headline_note,
 )
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -145,7 +146,8 @@ def _summary(d: ReportData) -> str:
     bound = (f", per-token forms ±{h.quantisation_bound_pct:.2f} % (chunks)"
              if h.quantisation_bound_pct else "")
     cards = [_card("headline", f"{fmt.num(h.value)} tok/s",
-                   f"leg {h.leg or fmt.DASH} ({h.arm or fmt.DASH}), {h.convention}{bound}")]
+                   f"leg {h.leg or fmt.DASH} ({h.arm or fmt.DASH}), {h.convention}{bound}"
+                   f"{sweep_headline_note(d)}")]
     control = control_figure(d)
     if control is not None:
         cards.append(_card("control", f"{fmt.num(control.value)} tok/s",

@@ -48,7 +48,15 @@ def headline_text(d: ReportData) -> str:
     h = d.headline
     bound = f", quantisation ±{h.quantisation_bound_pct:.2f} %" if h.quantisation_bound_pct else ""
     leg = f"leg {h.leg} ({h.arm}), " if h.leg else ""
-    return f"{fmt.num(h.value)} tok/s  {leg}{h.convention} {h.formula}{bound}"
+    return f"{fmt.num(h.value)} tok/s  {leg}{h.convention} {h.formula}{bound}{sweep_headline_note(d)}"
+
+
+def sweep_headline_note(d: ReportData) -> str:
+    """A sweep's record takes its headline from the best arm's legs; with no arm claimed
+    best it is the lowest leg of any swept arm, which says nothing about the best setting."""
+    if not d.sweep or any(r.best for r in d.sweep):
+        return ""
+    return "; no arm is claimed best, so this is the lowest leg of any swept arm (see the sweep table)"
 
 
 def kind_text(d: ReportData) -> str:
@@ -56,7 +64,8 @@ def kind_text(d: ReportData) -> str:
     if d.design is None:
         return _KIND[d.kind]
     k = d.blocks or 1
-    name = "A/A experiment" if d.design == "aa" else _KIND[d.kind]
+    name = ("A/A experiment" if d.design == "aa" else "sweep experiment" if d.design == "sweep"
+            else _KIND[d.kind])
     return f"{name}, {k} block{'s' if k != 1 else ''}"
 
 
