@@ -69,7 +69,10 @@ lint: setup
 # goes where): the independent tests on both cores (pytest-xdist), then, alone, the real
 # engines and the tests that need the machine to themselves. Both groups always run and
 # print their slowest tests; the target fails if either fails. PYTEST_ARGS reaches both.
-PYTEST_WORKERS ?= 2
+# Four workers on two cores: the fake-server experiments are mostly real-time waiting (a
+# paced stream, server start, idle gaps), so two more workers fill the cores those waits
+# leave idle (issue 28). tests/conftest.py hands the longest modules out first.
+PYTEST_WORKERS ?= 4
 # One worker per test module (loadfile): a module's fixtures (a whole fake-server ABBA) run once.
 PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
 test: engine lint

@@ -56,3 +56,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if engine_dir in item.path.parents:
             item.add_marker(pytest.mark.engine)
+    slow_modules_first(items)
+
+
+# The parallel group's longest modules (their fake-server experiments, wall seconds on a
+# quiet machine), longest first. `--dist loadfile` hands modules to the workers in collection
+# order, so a long module collected last (tests/submit/ sorts late) would run alone at the
+# end; started first, the short modules fill the other workers around it. Order only: a
+# module missing here, or listed and gone, costs time, never a result.
+SLOW_MODULES = (
+    "submit/test_submit_lifecycle.py", "experiment/test_experiment_fake.py",
+    "experiment/test_experiment_blocks.py", "experiment/test_sequential_fake.py",
+    "submit/test_submit_flow.py", "experiment/test_crash_safety.py",
+    "experiment/test_identity_per_leg.py", "experiment/test_sweep_fake.py", "cli/test_cli.py",
+    "report/test_report_html.py", "experiment/test_sealed_evidence.py",
+    "cli/test_reaccount_cli.py", "cli/test_first_experiment.py",
+    "experiment/test_noise_record.py", "record/test_verify.py", "record/test_h200_example.py",
+)
+
+
+def slow_modules_first(items: list[pytest.Item]) -> None:
+    """Reorders `items` in place: SLOW_MODULES' tests first, in that order; the rest keep
+    theirs (the sort is stable, and a module's tests stay together and in order)."""
+    tests_dir = Path(__file__).parent
+    rank = {tests_dir / name: i for i, name in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path, len(rank)))

@@ -217,7 +217,7 @@ class _StopIn(NullExperimentObserver):
 
 
 def test_an_interrupted_second_block_resumes_to_a_record_that_verifies(tmp_path: Path) -> None:
-    path, plan = write_plan(tmp_path, plan_toml("resume-b2", control=2000, candidate=2200, rows=3,
+    path, plan = write_plan(tmp_path, plan_toml("resume-b2", control=2000, candidate=2200, rows=2,
                                                 idle=0, extra="blocks = 2\n"))
     exp = tmp_path / "exp"
     with pytest.raises(KeyboardInterrupt):

@@ -364,8 +364,10 @@ def test_resume_after_interruption_during_a_leg(tmp_path: Path) -> None:
 def killed(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """An experiment hard-killed while B1 streams, then resumed with the same command."""
     root = tmp_path_factory.mktemp("killed")
+    # A real idle gap (the test checks the retry waited it after the orphan's stop), but a
+    # short one: the runner sleeps it before every leg.
     path, plan = write_plan(root, plan_toml("killed", control=4000, candidate=300, rows=3,
-                                            idle=1.0))
+                                            idle=0.3))
     exp, log = root / "exp", root / "cli.log"
     b1 = exp / "B1" / "attempt-1"
     pid = None
