@@ -37,7 +37,8 @@ values = [500, 2000, 800]
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     root = tmp_path_factory.mktemp("sweep")
-    text = plan_toml("fake-sweep", design="sweep", control=None, rows=3, idle=0, extra=SWEEP)
+    text = plan_toml("fake-sweep", design="sweep", control=None, rows=3, idle=0, extra=SWEEP,
+                     telemetry=False)
     # a sweep generates its arms
     text = text.split("[arms.candidate]")[0] + "[prior]\nvalue_tok_s = 460\n"
     path, plan = write_plan(root, text)
