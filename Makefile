@@ -74,7 +74,9 @@ lint: setup
 # leave idle (issue 28). tests/conftest.py hands the longest modules out first.
 PYTEST_WORKERS ?= 4
 # One worker per test module (loadfile): a module's fixtures (a whole fake-server ABBA) run once.
-PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
+# --no-loadscope-reorder: xdist would otherwise hand out the modules with the most tests first,
+# which puts the few-test, long fake-experiment modules last, each alone at the end.
+PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: engine lint
 	scripts/ensure-chromium >/dev/null
 	rc=0; \

@@ -60,9 +60,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # The parallel group's longest modules (their fake-server experiments, wall seconds on a
-# quiet machine), longest first. `--dist loadfile` hands modules to the workers in collection
-# order, so a long module collected last (tests/submit/ sorts late) would run alone at the
-# end; started first, the short modules fill the other workers around it. Order only: a
+# quiet machine), longest first. `--dist loadfile --no-loadscope-reorder` (the Makefile) hands
+# modules to the workers in collection order, so a long module collected last would run alone
+# at the end; started first, the short modules fill the other workers around it. Order only: a
 # module missing here, or listed and gone, costs time, never a result.
 SLOW_MODULES = (
     "submit/test_submit_lifecycle.py", "experiment/test_experiment_fake.py",
