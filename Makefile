@@ -69,10 +69,15 @@ lint: setup
 # goes where): the independent tests on both cores (pytest-xdist), then, alone, the real
 # engines and the tests that need the machine to themselves. Both groups always run and
 # print their slowest tests; the target fails if either fails. PYTEST_ARGS reaches both.
-# Four workers on two cores: the fake-server experiments are mostly real-time waiting (a
-# paced stream, server start, idle gaps), so two more workers fill the cores those waits
-# leave idle (issue 28). tests/conftest.py hands the longest modules out first.
-PYTEST_WORKERS ?= 4
+# Three workers on two cores: the fake-server experiments partly wait in real time (server
+# start, idle gaps, paced rows), and a third worker fills the cores those waits leave idle.
+# Four were no faster on a loaded machine and flipped three real-time checks (issue 28).
+# tests/conftest.py hands the longest modules out first.
+PYTEST_WORKERS ?= 3
+# pytest caches each test module's assertion rewrite in __pycache__ (gitignored) unless
+# bytecode writing is off: collecting the suite costs 7 s of CPU uncached, 3 s cached, in
+# every worker and in the serial run.
+unexport PYTHONDONTWRITEBYTECODE
 # One worker per test module (loadfile): a module's fixtures (a whole fake-server ABBA) run once.
 # --no-loadscope-reorder: xdist would otherwise hand out the modules with the most tests first,
 # which puts the few-test, long fake-experiment modules last, each alone at the end.
