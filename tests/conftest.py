@@ -2,7 +2,8 @@
 
 `make test` runs the suite in two groups, one after the other:
 
-1. **parallel** (`pytest -n 2 -m "not engine and not serial"`, pytest-xdist): the
+1. **parallel** (`pytest -n 3 -m "not engine and not serial"`, pytest-xdist; three
+   workers on two cores, since the fake-server experiments partly wait): the
    default. A test belongs here when it owns everything it touches: its files under
    `tmp_path`, servers on port 0, fake clocks. Most tests are this.
 2. **serial** (`pytest -m "engine or serial"`), one test at a time, nothing else running:
@@ -56,3 +57,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if engine_dir in item.path.parents:
             item.add_marker(pytest.mark.engine)
+    slow_modules_first(items)
+
+
+# The parallel group's longest modules (their fake-server experiments, wall seconds on a
+# quiet machine), longest first. `--dist loadfile --no-loadscope-reorder` (the Makefile) hands
+# modules to the workers in collection order, so a long module collected last would run alone
+# at the end; started first, the short modules fill the other workers around it. Order only: a
+# module missing here, or listed and gone, costs time, never a result.
+SLOW_MODULES = (
+    "submit/test_submit_lifecycle.py", "experiment/test_experiment_fake.py",
+    "experiment/test_experiment_blocks.py", "experiment/test_sequential_fake.py",
+    "submit/test_submit_flow.py", "experiment/test_crash_safety.py",
+    "experiment/test_identity_per_leg.py", "experiment/test_sweep_fake.py", "cli/test_cli.py",
+    "report/test_report_html.py", "experiment/test_sealed_evidence.py",
+    "cli/test_reaccount_cli.py", "cli/test_first_experiment.py",
+    "experiment/test_noise_record.py", "record/test_verify.py", "record/test_h200_example.py",
+)
+
+
+def slow_modules_first(items: list[pytest.Item]) -> None:
+    """Reorders `items` in place: SLOW_MODULES' tests first, in that order; the rest keep
+    theirs (the sort is stable, and a module's tests stay together and in order)."""
+    tests_dir = Path(__file__).parent
+    rank = {tests_dir / name: i for i, name in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path, len(rank)))

@@ -42,14 +42,27 @@ def suite_jsonl() -> str:
         for i, topic in enumerate(TOPICS))
 
 
+# What `telemetry=False` puts in place of FAST_IDLE_TOML's [telemetry] section.
+NO_TELEMETRY = "[telemetry]\nenabled = false\n"
+
+
 def plan_toml(name: str, *, design: str = "abba", control: float | None = 1000,
               candidate: float = 1050, rows: int = SUITE_ROWS, idle: float = IDLE_GAP_S,
-              teacher: str | None = "capture", prior: str = "", extra: str = "") -> str:
+              teacher: str | None = "capture", prior: str = "", extra: str = "",
+              telemetry: bool = True) -> str:
+    """`telemetry=False` runs no sampler: for tests about a design's flow, identity or
+    submission, never about what a leg records. The sampler is a Python process per leg
+    (some 0.3 s of CPU and 0.25 s of wall before the server may start); the experiments
+    that keep it (test_experiment_fake, test_crash_safety, test_noise_record, the dict
+    plans of test_verify, test_hostile_evidence, test_record_schema, test_report_html)
+    check it end to end."""
     lines = [f'name = "{name}"', f'design = "{design}"', 'suite = "suite.jsonl"',
              f"suite_rows = {rows}", f"idle_gap_s = {idle}"]
     if teacher is not None:
         lines.append(f'teacher = "{teacher}"')
-    lines += [extra, FAST_IDLE_TOML, "[server]", f"argv = {json.dumps(FAKE_ARGV)}",
+    probes = FAST_IDLE_TOML if telemetry else (
+        FAST_IDLE_TOML.split("[telemetry]")[0] + NO_TELEMETRY)
+    lines += [extra, probes, "[server]", f"argv = {json.dumps(FAKE_ARGV)}",
               'model = "fake-model"',
               "ready_timeout_s = 30", "stop_grace_s = 3"]
     if control is not None:

@@ -62,7 +62,9 @@ def test_each_flag_is_explained_once() -> None:
 
 def test_run_exits_3_when_a_leg_is_not_valid(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    text = plan_toml("invalid-legs") + '''[[arms.candidate.log_rules]]
+    # About the exit code, not speed: the shortest legs (2 rows, fast arms, no idle gap).
+    text = plan_toml("invalid-legs", control=4000, candidate=4000, rows=2, idle=0,
+                     telemetry=False) + '''[[arms.candidate.log_rules]]
 claim = "a line no fake server prints"
 pattern = "no such line, ever"
 required = true

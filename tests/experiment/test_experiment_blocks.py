@@ -50,7 +50,8 @@ sd_row_pct = 0.5
 def two_blocks(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     root = tmp_path_factory.mktemp("blocks")
     path, plan = write_plan(root, plan_toml("two-blocks", control=1000, candidate=1500, rows=3,
-                                            idle=0, prior="value_tok_s = 1100", extra=POWERED))
+                                            idle=0, prior="value_tok_s = 1100", extra=POWERED,
+                                            telemetry=False))
     exp = root / "exp"
     results = run_experiment(plan, exp, plan_text=path.read_bytes())
     finish(exp, build_record(plan, exp, results))
@@ -110,7 +111,7 @@ def test_two_block_record_verifies(two_blocks: SimpleNamespace) -> None:
 
 def test_aa_experiment_records_the_noise_and_claims_nothing(tmp_path: Path) -> None:
     text = plan_toml("floor", design="aa", control=2000, candidate=2000, rows=3, idle=0,
-                     prior="value_tok_s = 1500")
+                     prior="value_tok_s = 1500", telemetry=False)
     text = text.split("[arms.candidate]")[0]  # one arm
     path, plan = write_plan(tmp_path, text)
     exp = tmp_path / "exp"
@@ -217,8 +218,8 @@ class _StopIn(NullExperimentObserver):
 
 
 def test_an_interrupted_second_block_resumes_to_a_record_that_verifies(tmp_path: Path) -> None:
-    path, plan = write_plan(tmp_path, plan_toml("resume-b2", control=2000, candidate=2200, rows=3,
-                                                idle=0, extra="blocks = 2\n"))
+    path, plan = write_plan(tmp_path, plan_toml("resume-b2", control=2000, candidate=2200, rows=2,
+                                                idle=0, extra="blocks = 2\n", telemetry=False))
     exp = tmp_path / "exp"
     with pytest.raises(KeyboardInterrupt):
         run_experiment(plan, exp, _StopIn("A3"), plan_text=path.read_bytes())

@@ -40,7 +40,9 @@ class EditBefore(NullExperimentObserver):
 
 def _run(tmp: Path, observer: NullExperimentObserver | None, repo: Path) -> dict:  # type: ignore[type-arg]
     extra = f'[identity.sources.kernels]\npath = "{repo}"\n'
-    path, plan = write_plan(tmp / "plan", plan_toml("ident", extra=extra))
+    # About identity, not speed: the shortest legs (2 rows, fast arms, no idle gap).
+    path, plan = write_plan(tmp / "plan", plan_toml("ident", control=4000, candidate=4000, rows=2,
+                                                    idle=0, extra=extra, telemetry=False))
     exp = tmp / "exp"
     results = run_experiment(plan, exp, observer, plan_text=path.read_bytes())
     return build_record(plan, exp, results)

@@ -27,10 +27,12 @@ SEQ = "[sequential]\nmax_blocks = 4\nmin_blocks = 2\nspending = \"pocock\"\n"
 
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """Four times as fast: decided at the first look (after block 2), not at block 4."""
+    """Four times as fast: decided at the first look (after block 2), not at block 4.
+    The legs stream in real time: twice the benches' 250 and 1000 tok/s halves the wait."""
     root = tmp_path_factory.mktemp("seq")
-    path, plan = write_plan(root, plan_toml("seq-fast", control=250, candidate=1000, rows=3,
-                                            idle=0, prior="value_tok_s = 240", extra=SEQ))
+    path, plan = write_plan(root, plan_toml("seq-fast", control=500, candidate=2000, rows=3,
+                                            idle=0, prior="value_tok_s = 480", extra=SEQ,
+                                            telemetry=False))
     exp = root / "exp"
     results = run_experiment(plan, exp, plan_text=path.read_bytes())
     finish(exp, build_record(plan, exp, results))
@@ -146,7 +148,7 @@ def test_no_effect_with_no_band_runs_to_its_maximum(tmp_path: Path) -> None:
     """An A/A pair of arms with no equivalence band: nothing can decide early, so every
     look but the last goes on and the last one stops, whatever it found."""
     path, plan = write_plan(tmp_path, plan_toml(
-        "seq-aa", control=1000, candidate=1000, rows=3, idle=0,
+        "seq-aa", control=2000, candidate=2000, rows=3, idle=0, telemetry=False,
         extra="[sequential]\nmax_blocks = 3\nmin_blocks = 2\nequivalence_pct = 0\n"))
     exp = tmp_path / "exp"
     results = run_experiment(plan, exp, plan_text=path.read_bytes())

@@ -25,7 +25,10 @@ def test_a_huge_idle_snapshot_file_is_refused_unread(tmp_path: Path) -> None:
     leg = tmp_path / "leg"
     run_leg(config, leg)
     with open(leg / "idle-before.jsonl", "r+b") as f:
-        f.truncate(1 << 30)  # sparse: no disk, all zeros
+        # sparse: no disk, all zeros. 320 MiB, not the 1 GiB bench/hostile uses: seal and
+        # verify each hash it whole (seconds per GiB), and read whole it would still grow
+        # verify past the 256 MiB bound below, so the test fails without the cap.
+        f.truncate(320 << 20)
     for name in (MANIFEST_NAME, SIGNATURE_NAME):
         (leg / name).unlink(missing_ok=True)
     seal(leg, SigningKey(Ed25519PrivateKey.generate()))

@@ -72,7 +72,30 @@ def ledger(tmp_path: Path) -> Ledger:
 
 
 @contextlib.contextmanager
+def _standin_thread(tmp_path: Path, args: tuple[str, ...]) -> Iterator[SimpleNamespace]:
+    log = tmp_path / f"standin-{time.monotonic_ns()}.jsonl"
+    server = StandinServer(standin_config(["--port", "0", "--log", str(log), *args]))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield SimpleNamespace(url=server.url, log=log)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@contextlib.contextmanager
 def standin(tmp_path: Path, *args: str) -> Iterator[SimpleNamespace]:
+    """The packaged stand-in in this process (a thread, the real clock): a stand-in process
+    costs some 1.5 s of CPU in imports, and these tests start about twenty. The one test
+    of the packaged command (`python -m tokrecord.submit.standin`) uses standin_process."""
+    with _standin_thread(tmp_path, args) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def standin_process(tmp_path: Path, *args: str) -> Iterator[SimpleNamespace]:
     log = tmp_path / f"standin-{time.monotonic_ns()}.jsonl"
     proc = subprocess.Popen([PY, "-m", "tokrecord.submit.standin", "--port", "0", "--log", str(log),
                              *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -104,21 +127,12 @@ class _StandinClock:
 @contextlib.contextmanager
 def standin_on_a_fake_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str
                             ) -> Iterator[SimpleNamespace]:
-    """The stand-in in this process (a thread), its window on a _StandinClock; the
-    packaged stand-in is run as a process by `standin` everywhere else."""
+    """The stand-in in this process (a thread), its window on a _StandinClock."""
     clock = _StandinClock()
     # Only take_slot reads the stand-in module's `time`: its window, nothing else.
     monkeypatch.setattr(standin_module, "time", clock)
-    log = tmp_path / f"standin-{time.monotonic_ns()}.jsonl"
-    server = StandinServer(standin_config(["--port", "0", "--log", str(log), *args]))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield SimpleNamespace(url=server.url, log=log, clock=clock)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with _standin_thread(tmp_path, args) as s:
+        yield SimpleNamespace(url=s.url, log=s.log, clock=clock)
 
 
 def posts(log: Path, path: str) -> list[dict[str, Any]]:
@@ -230,7 +244,8 @@ def test_dry_run_against_the_standin(record: Path, tmp_path: Path) -> None:
 def test_standin_contract_directly(tmp_path: Path, record: Path) -> None:
     payload = json.loads(dry_run(record, LocalMaxxing(f"http://127.0.0.1:{closed_port()}"), OPTS)
                          .prepared.queue_path.read_bytes())
-    with standin(tmp_path, "--key-sha256", hashlib.sha256(KEY.encode()).hexdigest()) as s, \
+    # The packaged command, as a process: its main, its flags, its "listening on" line.
+    with standin_process(tmp_path, "--key-sha256", hashlib.sha256(KEY.encode()).hexdigest()) as s, \
             httpx.Client(base_url=s.url) as client:
         auth = {"Authorization": f"Bearer {KEY}"}
         assert client.post("/api/speed-tests", json=payload).status_code == 401
@@ -545,8 +560,9 @@ FIXTURES = FIXTURES_DIR
 def sealed_blocks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A two-block ABBA record (8 legs): the headline may come from any block."""
     root = tmp_path_factory.mktemp("submit-blocks")
+    # 3 rows, not 5: the test is about which leg is chosen, and 9 legs stream in real time.
     path, plan = write_plan(root, plan_toml("submit-blocks", control=1000, candidate=1050,
-                                            idle=0, extra="blocks = 2"))
+                                            rows=3, idle=0, extra="blocks = 2"))
     exp = root / "exp"
     results = run_experiment(plan, exp, plan_text=path.read_bytes())
     finish(exp, build_record(plan, exp, results))

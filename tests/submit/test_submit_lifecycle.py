@@ -22,7 +22,7 @@ import pytest
 from test_submit_flow import KEY, OPTS, addendum, posts, standin
 
 from cli_support import cli_in_process
-from plan_support import FAKE_ARGV, plan_toml, write_plan
+from plan_support import FAKE_ARGV, SUITE_ROWS, plan_toml, write_plan
 from tokrecord.evidence import read_jsonl
 from tokrecord.evidence.seal import parse_manifest, signer_fingerprint
 from tokrecord.experiment.runner import run_experiment
@@ -35,8 +35,8 @@ from tokrecord.submit.localmaxxing import LocalMaxxing
 from tokrecord.submit.target import ApiKey
 
 
-def _seal(root: Path, name: str, dialect: str | None) -> Path:
-    text = plan_toml(name, control=1000, candidate=1050, idle=0)
+def _seal(root: Path, name: str, dialect: str | None, rows: int = SUITE_ROWS) -> Path:
+    text = plan_toml(name, control=1000, candidate=1050, rows=rows, idle=0)
     if dialect is not None:
         text = text.replace(json.dumps(FAKE_ARGV), json.dumps([*FAKE_ARGV, "--dialect", dialect]))
     path, plan = write_plan(root, text)
@@ -107,7 +107,8 @@ def test_verified_run_evidence_comes_from_the_sealed_record(record: Path, tmp_pa
 
 def test_dry_run_issues_then_send_verified(record: Path, tmp_path: Path, ledger: Ledger,
                                            tmp_path_factory: pytest.TempPathFactory) -> None:
-    vllm = _seal(tmp_path_factory.mktemp("vllm-record"), "unverified-vllm", None)
+    # 2 rows: only its verification issues are read, and its 5 legs stream in real time.
+    vllm = _seal(tmp_path_factory.mktemp("vllm-record"), "unverified-vllm", None, rows=2)
     with standin(tmp_path, "--min-output-tokens", "256") as s:
         target = LocalMaxxing(s.url)
         bad = dry_run(vllm, target, OPTS, key=ApiKey(KEY, "$K"))
@@ -242,7 +243,7 @@ def test_cdn_403_401_and_400_are_explained(record: Path, tmp_path: Path, ledger:
 
 
 def _prior_plan(root: Path, value: float) -> Path:
-    text = plan_toml("with-prior", design="single", control=None, candidate=1050, rows=3, idle=0,
+    text = plan_toml("with-prior", design="single", control=None, candidate=1050, rows=2, idle=0,
                      prior=f'value_tok_s = {value!r}\nid = "cmprior0001"')
     return write_plan(root, text)[0]
 
