@@ -86,21 +86,25 @@ def _legs(effects: dict[str, float], blocks: int, noise: dict[tuple[str, int], f
 def test_fit_and_dunnett_interval_by_hand() -> None:
     # 3 arms x 2 blocks; block 1 noise +e, block 2 -e on arm "b" only: residuals are hand-made
     e = 0.01
-    legs = _legs({"ctl": 0.0, "b": 0.05, "c": 0.0}, 2, {("b", 1): e, ("b", 2): -e})
+    legs = _legs({"ctl": 0.0, "b": 0.06, "c": 0.0}, 2, {("b", 1): e, ("b", 2): -e})
     a = sweep_analysis(legs, ["ctl", "b", "c"], "ctl", 0.95, 1.0)
     assert a.df == 2 and a.blocks == 2
     # residuals of a two-way fit of the 3x2 table: b's cells +-2e/3, the others -+e/3
     s2 = (2 * (2 * e / 3) ** 2 + 4 * (e / 3) ** 2) / 2
     assert a.residual_sd_pct == pytest.approx(100 * math.sqrt(s2), rel=1e-9)
-    # one-sided Dunnett at 0.975 on both sides (sweep_critical): 5.528, not the two-sided
-    # 5.418 (published one-sided table value at 2 comparisons, 2 df: 5.53)
-    c = dunnett_critical(2, 2, 0.975, two_sided=False)
-    assert c == pytest.approx(5.53, abs=0.01) and c > dunnett_critical(2, 2, 0.95)
+    # one-sided Dunnett at 0.975 (published one-sided table value at 2 comparisons, 2 df:
+    # 5.53) is above the two-sided 5.418; the sweep spends 0.8 of alpha/2 a side, so its
+    # value (at 1 - 0.02) is larger still
+    assert dunnett_critical(2, 2, 0.975, two_sided=False) == pytest.approx(5.53, abs=0.01)
+    assert dunnett_critical(2, 2, 0.975, two_sided=False) > dunnett_critical(2, 2, 0.95)
+    c = dunnett_critical(2, 2, 0.98, two_sided=False)
+    assert c > dunnett_critical(2, 2, 0.975, two_sided=False)
+    assert a.critical_value == pytest.approx(c, rel=1e-12)
     se = math.sqrt(2 * s2 / 2)
     b = next(x for x in a.contrasts if x.arm == "b")
-    assert b.ratio == pytest.approx(math.exp(0.05), rel=1e-12)
-    assert b.ci_low == pytest.approx(math.exp(0.05 - c * se), rel=1e-9)
-    assert b.ci_high == pytest.approx(math.exp(0.05 + c * se), rel=1e-9)
+    assert b.ratio == pytest.approx(math.exp(0.06), rel=1e-12)
+    assert b.ci_low == pytest.approx(math.exp(0.06 - c * se), rel=1e-9)
+    assert b.ci_high == pytest.approx(math.exp(0.06 + c * se), rel=1e-9)
     assert b.verdict is Verdict.FASTER
 
 
@@ -163,11 +167,12 @@ def test_power_grows_with_blocks_and_effect() -> None:
 def test_family_false_faster_is_half_alpha_in_every_cell() -> None:
     from tokrecord.experiment.sweep import family_false_faster
 
-    # P(some arm's interval above 1 | all equal) is alpha/2 exactly: with two-sided
-    # Dunnett it was alpha/2 + P(some above and some below)/2, over the bar at every
-    # k >= 3 (2.597 % at 3 arms x 2 blocks, 2.504 % at 5 arms x 4 blocks)
+    # P(some arm's interval above 1 | all equal, normal figures) is 0.8 alpha/2 exactly
+    # (SWEEP_ALPHA_SHARE: room for the real figure's heavier tails, bench/verdict/sweep):
+    # with two-sided Dunnett it was alpha/2 + P(some above and some below)/2, over the bar
+    # at every k >= 3 (2.597 % at 3 arms x 2 blocks, 2.504 % at 5 arms x 4 blocks)
     for k, df in ((2, 6), (3, 2), (5, 12), (8, 21)):
-        assert family_false_faster(k, df, 0.95) == pytest.approx(0.025, abs=2e-6)
+        assert family_false_faster(k, df, 0.95) == pytest.approx(0.02, abs=2e-6)
 
 
 def test_power_report_counts_legs_and_wall_time() -> None:

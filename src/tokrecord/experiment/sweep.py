@@ -49,11 +49,20 @@ SWEEP_METHOD: Final = (
     "figure is the Hodges-Lehmann location over rows of log(row rate) minus the row's mean "
     "across legs); each arm against control with Dunnett's simultaneous intervals "
     "(equicorrelated multivariate t, rho = 0.5, on the fit's residual df; the one-sided "
-    "critical value at 1 - alpha/2 on both sides, so false FASTER is at most alpha/2); "
+    "critical value at 1 - 0.8 alpha/2 on both sides: at most 0.8 alpha/2 false FASTER under "
+    "the normal model, which leaves room for the heavier tails of the real leg figure); "
     "the best arm by "
     "Hsu's multiple comparisons with the best among token-exact arms: arm X is claimed "
     "fastest only when X - Y exceeds the one-sided Dunnett margin for every other exact Y"
 )
+# The share of alpha/2 each side of the fixed sweep's intervals spends. At the full share
+# the one-sided value is exact for normal leg figures, but the real figure (a Hodges-Lehmann
+# location over a suite's rows, at few df) has heavier tails: bench/verdict/sweep read a
+# pooled false FASTER of 2.62 +- 0.07 % and coverage of 94.88 +- 0.10 % against 2.5 % and
+# 95 % (issue 32 found the same in the ABBA's sequential interval and spends 0.8 alpha
+# there too, experiment.sequential's rci-t/2).
+SWEEP_ALPHA_SHARE: Final = 0.8
+
 # The method of sweep records sealed before the one-sided critical value (2026-12-02): the
 # two-sided Dunnett value at the verdict's confidence. Kept so that those records still
 # recompute by their own method (verify, lint); new records never use it.
@@ -160,15 +169,16 @@ def dunnett_critical(p: int, df: int, confidence: float, two_sided: bool = True)
 
 
 def sweep_critical(p: int, df: int, confidence: float, method: str = SWEEP_METHOD) -> float:
-    """The simultaneous intervals' critical value: one-sided Dunnett at 1 - alpha/2
-    (alpha = 1 - confidence), used on both sides. Two-sided Dunnett at `confidence` holds
-    P(max |T_i| > c) to alpha, but its one upper side is (alpha + P(both sides)) / 2,
-    above alpha/2 for p >= 2 (2.60 % at 3 arms and 2 blocks, 2.504 % at 5 arms and 4):
-    a false FASTER over the bar. The one-sided value is at least as large, holds false
-    FASTER to alpha/2 exactly, and two sides of alpha/2 each still cover >= confidence."""
+    """The simultaneous intervals' critical value: one-sided Dunnett at
+    1 - SWEEP_ALPHA_SHARE alpha/2 (alpha = 1 - confidence), used on both sides.
+    Two-sided Dunnett at `confidence` holds P(max |T_i| > c) to alpha, but its one upper
+    side is (alpha + P(both sides)) / 2, above alpha/2 for p >= 2 (2.60 % at 3 arms and 2
+    blocks, 2.504 % at 5 arms and 4): a false FASTER over the bar. The one-sided value is
+    larger, holds false FASTER to SWEEP_ALPHA_SHARE alpha/2 for normal leg figures, and
+    two such sides still cover >= confidence."""
     if method == SWEEP_METHOD_TWO_SIDED:  # a record sealed before, recomputed as it was
         return dunnett_critical(p, df, confidence)
-    return dunnett_critical(p, df, 1 - (1 - confidence) / 2, two_sided=False)
+    return dunnett_critical(p, df, 1 - SWEEP_ALPHA_SHARE * (1 - confidence) / 2, two_sided=False)
 
 
 # --------------------------------------------------------------------------- analysis
@@ -512,8 +522,9 @@ class SweepPowerReport(BaseModel):
 
 
 def family_false_faster(k: int, df: int, confidence: float) -> float:
-    """P(some arm's simultaneous interval lies above 1) with every arm equal: (1 -
-    confidence) / 2 by construction (sweep_critical), computed here as a check."""
+    """P(some arm's simultaneous interval lies above 1) with every arm equal, under the
+    normal model: SWEEP_ALPHA_SHARE (1 - confidence) / 2 by construction (sweep_critical),
+    computed here as a check."""
     if df < 1:
         return 0.0
     c = sweep_critical(k - 1, df, confidence)
