@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,17 +114,51 @@ def write_suite(out: Path, max_tokens: int = ROWS_MAX_TOKENS) -> Path:
     return out
 
 
+def _server_argv(launch: Sequence[str], server: str) -> list[str]:
+    """The baseline server command, after `launch` (a prefix such as taskset, or the
+    interleaved mode's wrapper)."""
+    return [*launch, server, "-m", "{model}", "-a", SERVED_MODEL, "--host", "{host}",
+            "--port", "{port}", "-np", "1", "--no-cache-prompt", "--no-warmup", "--metrics",
+            "--seed", "0", "-c", "2048", "-ngl", "99"]
+
+
+def _arm_args(arm: str, models: Path, draft_n_max: int) -> list[str]:
+    """What the draft arm adds to the server command (nothing for plain decoding)."""
+    if arm != "draft":
+        return []
+    return ["--spec-type", "draft-simple", "-md", str((models / "draft-f16.gguf").resolve()),
+            "--spec-draft-n-max", str(draft_n_max), "-ngld", "99"]
+
+
+def _server_section(argv: Sequence[str], models: Path) -> str:
+    return f"""[server]
+argv = {_toml(list(argv))}
+model = {_toml(str((models / "target-f16.gguf").resolve()))}
+served_model = {_toml(SERVED_MODEL)}
+ready_timeout_s = 120.0
+"""
+
+
+def _idle_telemetry_sections(cond: Condition) -> str:
+    return f"""[idle]
+interval_s = 0.5
+consecutive = 2
+timeout_s = 60.0
+host_cpu_max_pct = {cond.host_cpu_max_pct!r}
+device_util_max_pct = 5.0
+device_mem_used_max_mib = 1024
+device_processes_max = 0
+
+[telemetry]
+interval_s = 0.25
+"""
+
+
 def plan_text(*, cond: Condition, arm: str, server: str, models: Path, suite: Path,
               teacher: str, blocks: int = BLOCKS, idle_gap_s: float = 1.5,
               draft_n_max: int = 8, notes: str = "") -> str:
-    argv = [*cond.server_prefix, server, "-m", "{model}", "-a", SERVED_MODEL, "--host", "{host}",
-            "--port", "{port}", "-np", "1", "--no-cache-prompt", "--no-warmup", "--metrics",
-            "--seed", "0", "-c", "2048", "-ngl", "99"]
-    argv = [a for a in argv if a not in cond.drop_args]
-    extra = list(cond.extra_args)
-    if arm == "draft":
-        extra += ["--spec-type", "draft-simple", "-md", str((models / "draft-f16.gguf").resolve()),
-                  "--spec-draft-n-max", str(draft_n_max), "-ngld", "99"]
+    argv = [a for a in _server_argv(cond.server_prefix, server) if a not in cond.drop_args]
+    extra = [*cond.extra_args, *_arm_args(arm, models, draft_n_max)]
     env = f"env = {_toml(dict(cond.env))}\n" if cond.env else ""
     return f"""# Written by scripts/gpu_noise.py (issue 33): an A/A of one condition and arm.
 name = {_toml(f"h200-noise-{cond.name}-{arm}")}
@@ -138,28 +172,30 @@ idle_gap_s = {idle_gap_s!r}
 suite = {_toml(str(suite.resolve()))}
 notes = {_toml(f"condition {cond.name}: {cond.description}; arm {arm}. {notes}")}
 
-[server]
-argv = {_toml(argv)}
-model = {_toml(str((models / "target-f16.gguf").resolve()))}
-served_model = {_toml(SERVED_MODEL)}
-ready_timeout_s = 120.0
-
+{_server_section(argv, models)}
 [arms.control]
 description = {_toml(f"{arm} decoding, {cond.description}")}
 extra_args = {_toml(extra)}
 {env}
-[idle]
-interval_s = 0.5
-consecutive = 2
-timeout_s = 60.0
-host_cpu_max_pct = {cond.host_cpu_max_pct!r}
-device_util_max_pct = 5.0
-device_mem_used_max_mib = 1024
-device_processes_max = 0
+{_idle_telemetry_sections(cond)}"""
 
-[telemetry]
-interval_s = 0.25
-"""
+
+def _rated_legs(exp: Path) -> Iterator[tuple[str, Path, dict[str, Any], float]]:
+    """Each complete leg with a rate, in run order: (leg, run dir, summary, tok/s). Run order
+    is the log's; a leg's run dir is taken relative to the experiment, so a summary reads
+    the same here and on the machine that ran it."""
+    for line in _jsonl(exp / "experiment.jsonl"):
+        if line.get("event") != "leg_end" or line.get("leg") == "teacher" \
+                or line.get("status") != "complete":
+            continue
+        run_dir = exp.joinpath(*Path(str(line.get("run_dir", ""))).parts[-2:])
+        s_path = run_dir / "summary.json"
+        if not s_path.exists():
+            continue
+        summary = json.loads(s_path.read_text())
+        fig = (summary.get("summary") or {}).get("tok_s_out")
+        if fig:
+            yield str(line["leg"]), run_dir, summary, float(fig)
 
 
 # ---- interleaved: the baseline and one condition alternating leg by leg -------------
@@ -182,13 +218,8 @@ def interleave_plan_text(*, cond: Condition, arm: str, server: str, models: Path
     if cond.burners or cond.drop_args:
         raise SystemExit(f"condition {cond.name}: host load and dropped flags cannot alternate "
                          "per leg in this script")
-    argv = [str(wrapper), server, "-m", "{model}", "-a", SERVED_MODEL, "--host", "{host}",
-            "--port", "{port}", "-np", "1", "--no-cache-prompt", "--no-warmup", "--metrics",
-            "--seed", "0", "-c", "2048", "-ngl", "99"]
-    base_extra: list[str] = []
-    if arm == "draft":
-        base_extra = ["--spec-type", "draft-simple", "-md", str((models / "draft-f16.gguf").resolve()),
-                      "--spec-draft-n-max", str(draft_n_max), "-ngld", "99"]
+    argv = _server_argv([str(wrapper)], server)
+    base_extra = _arm_args(arm, models, draft_n_max)
     cand_env = dict(cond.env)
     if cond.server_prefix:
         cand_env["GPUX_WRAP"] = " ".join(cond.server_prefix)
@@ -205,12 +236,7 @@ suite = {_toml(str(suite.resolve()))}
 notes = {_toml(f"interleaved: {arm} decoding, baseline (control) vs {cond.name} (candidate): "
                f"{cond.description}. {notes}")}
 
-[server]
-argv = {_toml(argv)}
-model = {_toml(str((models / "target-f16.gguf").resolve()))}
-served_model = {_toml(SERVED_MODEL)}
-ready_timeout_s = 120.0
-
+{_server_section(argv, models)}
 [arms.control]
 description = {_toml(f"{arm} decoding, no hygiene")}
 extra_args = {_toml(base_extra)}
@@ -220,18 +246,7 @@ description = {_toml(f"{arm} decoding, {cond.description}")}
 extra_args = {_toml([*base_extra, *cond.extra_args])}
 env = {_toml(cand_env)}
 
-[idle]
-interval_s = 0.5
-consecutive = 2
-timeout_s = 60.0
-host_cpu_max_pct = {cond.host_cpu_max_pct!r}
-device_util_max_pct = 5.0
-device_mem_used_max_mib = 1024
-device_processes_max = 0
-
-[telemetry]
-interval_s = 0.25
-"""
+{_idle_telemetry_sections(cond)}"""
 
 
 def interleaved_summary(exp: Path, *, condition: str, arm: str) -> dict[str, Any]:
@@ -242,18 +257,8 @@ def interleaved_summary(exp: Path, *, condition: str, arm: str) -> dict[str, Any
     * the within-block sd (each block has two legs of each arm: df one per block), free of
       drift between blocks."""
     by_arm: dict[str, list[tuple[str, float]]] = {"control": [], "candidate": []}
-    for line in _jsonl(exp / "experiment.jsonl"):
-        if line.get("event") != "leg_end" or line.get("leg") == "teacher" \
-                or line.get("status") != "complete":
-            continue
-        run_dir = exp.joinpath(*Path(str(line.get("run_dir", ""))).parts[-2:])
-        s_path = run_dir / "summary.json"
-        if not s_path.exists():
-            continue
-        fig = (json.loads(s_path.read_text()).get("summary") or {}).get("tok_s_out")
-        leg = str(line["leg"])
-        if fig:
-            by_arm["control" if leg.startswith("A") else "candidate"].append((leg, float(fig)))
+    for leg, _, _, fig in _rated_legs(exp):
+        by_arm["control" if leg.startswith("A") else "candidate"].append((leg, fig))
     out: dict[str, Any] = {"condition": condition, "arm": arm, "experiment": exp.name,
                            "design": "interleaved", "arms": {}}
     for name, legs in by_arm.items():
@@ -453,22 +458,8 @@ def summarize(exp: Path, *, condition: str = "", arm: str = "", wall_s: float | 
               ) -> dict[str, Any]:
     record = json.loads((exp / "record.json").read_text()) if (exp / "record.json").exists() else {}
     va = record.get("verdict_analysis") or {}
-    legs = []
-    # Run order is the log's; a leg's run dir is taken relative to the experiment, so the
-    # summary reads the same here and on the machine that ran it.
-    for line in _jsonl(exp / "experiment.jsonl"):
-        if line.get("event") != "leg_end" or line.get("leg") == "teacher":
-            continue
-        parts = Path(str(line.get("run_dir", ""))).parts
-        run_dir = exp.joinpath(*parts[-2:])
-        s_path = run_dir / "summary.json"
-        if line.get("status") != "complete" or not s_path.exists():
-            continue
-        s = json.loads(s_path.read_text())
-        fig = (s.get("summary") or {}).get("tok_s_out")
-        if not fig:
-            continue
-        legs.append({"leg": s["name"], "tok_s": fig, **_covariates(run_dir, s)})
+    legs = [{"leg": s["name"], "tok_s": fig, **_covariates(run_dir, s)}
+            for _, run_dir, s, fig in _rated_legs(exp)]
     logs = [math.log(x["tok_s"]) for x in legs]
     out: dict[str, Any] = {"condition": condition, "arm": arm, "experiment": exp.name,
                            "legs": legs, "n_legs": len(legs), "wall_s": wall_s}
