@@ -87,7 +87,6 @@ from tokrecord.experiment.plan import Plan, draft_paths
 from tokrecord.experiment.power import plan_noise, power_report
 from tokrecord.experiment.recovery import recover_attempt
 from tokrecord.experiment.sequential import SequentialAnalysis
-from tokrecord.experiment.stats import Verdict
 from tokrecord.experiment.sweep import SweepSequential
 from tokrecord.experiment.sweep_sequential import leg_exact, plan_sequential_sweep
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
@@ -644,10 +643,8 @@ def _next_block_wanted(plan: Plan, state: _State, results: dict[str, LegResult],
                 progress(look)
     if found.stopped:
         if not any(isinstance(e, SequentialStop) for e in state.events):
-            state.append(SequentialStop(
-                at=found.stopped_at,
-                verdict=found.looks[-1].verdict.value if found.looks else Verdict.UNDECIDED.value,
-                legs=len(results), max_legs=len(plan.legs)))
+            state.append(SequentialStop(at=found.stopped_at, verdict=found.verdict.value,
+                                        legs=len(results), max_legs=len(plan.legs)))
         return False
     return block <= plan.max_blocks
 

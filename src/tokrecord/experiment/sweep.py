@@ -433,6 +433,11 @@ class SweepSequential(BaseModel):
     stopped: bool
     stopped_at: str | None
 
+    @property
+    def verdict(self) -> Verdict:
+        """The claim at the last look (as SequentialAnalysis.verdict for an ABBA)."""
+        return self.looks[-1].verdict if self.looks else Verdict.UNDECIDED
+
 
 class SweepSection(BaseModel):
     """A sweep record's own section: the analysis and the strict gate on its best arm."""
