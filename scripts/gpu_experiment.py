@@ -171,14 +171,16 @@ def plan_text(*, server: str, models: Path, idle_gap_s: float, draft_n_max: int,
               notes: str, rows: int | None = None, gpu: bool = True,
               launcher: list[str] | None = None, draft_layers: int,
               treatment: str = "draft", sweep_n_max: list[int] | None = None,
-              blocks: int = 1) -> str:
+              blocks: int = 1, sequential: str | None = None) -> str:
     """The preregistered ABBA. ``treatment``: "draft" (control plain decoding, candidate
     the draft model) or "graphs" (control CUDA graphs off, candidate llama.cpp's
     default, CUDA graphs on: the same kernels in the same order, so outputs must be
     bit-identical) or "sweep" (issue 34: control plain decoding, and the draft model at
     each ``--spec-draft-n-max`` of ``sweep_n_max``, every arm once per block in Williams
     order, ``blocks`` blocks). ``launcher`` replaces the server binary (a local CPU
-    rehearsal through xllamacpp); ``gpu`` adds the CUDA flags."""
+    rehearsal through xllamacpp); ``gpu`` adds the CUDA flags. ``sequential``
+    ("MAX[:MIN[:SPENDING]]", issue 32) makes an ABBA sequential: a look after every block
+    from MIN (default 1) on, stopping once decided, MAX blocks at most."""
     argv = [*(launcher or [server]), "-m", "{model}", "-a", SERVED_MODEL, "--host", "{host}",
             "--port", "{port}", "-np", "1", "--no-cache-prompt", "--no-warmup", "--metrics",
             "--seed", "0", "-c", "2048"]
@@ -230,6 +232,7 @@ def plan_text(*, server: str, models: Path, idle_gap_s: float, draft_n_max: int,
     # would wait out every leg; the GPU plan keeps 25 %.
     cpu_max = 100.0 if treatment == "sweep" and not gpu else 25.0
     power = f"device_power_max_w = {200}\n" if gpu else ""
+    seq = _sequential_section(sequential, treatment)
     return f"""# Preregistered by scripts/gpu-experiment (issue 19). Paths are the GPU machine's.
 name = {_toml(name)}
 design = {_toml("sweep" if treatment == "sweep" else "abba")}
@@ -263,7 +266,21 @@ interval_s = 0.25
 [gates]
 long_context_threshold = 800
 rollover_boundary = 1024
-"""
+{seq}"""
+
+
+def _sequential_section(spec: str | None, treatment: str) -> str:
+    if not spec:
+        return ""
+    if treatment == "sweep":
+        raise SystemExit("--sequential: for an ABBA (draft or graphs); a sweep has its own")
+    parts = spec.split(":")
+    max_blocks = int(parts[0])
+    min_blocks = int(parts[1]) if len(parts) > 1 and parts[1] else 1
+    spending = parts[2] if len(parts) > 2 and parts[2] else "pocock"
+    # The method is left to the plan's parser (today's default), as a user's plan would.
+    return (f"\n[sequential]\nmax_blocks = {max_blocks}\nmin_blocks = {min_blocks}\n"
+            f"spending = {_toml(spending)}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a sweep (issue 34): control plain decoding and the draft at each of these "
                          "comma-separated n-max values, e.g. 2,4,8,16 (implies --treatment sweep)")
     pl.add_argument("--blocks", type=int, default=2, help="a sweep's blocks (every arm once each)")
+    pl.add_argument("--sequential", default=None, metavar="MAX[:MIN[:SPENDING]]",
+                    help="an ABBA made sequential (issue 32): at most MAX blocks, a look after "
+                         "each from block MIN (1), SPENDING pocock or obrien-fleming")
     pl.add_argument("--cpu-launcher", nargs="+", default=None,
                     help="a local CPU rehearsal: the llama-server command to use instead (xllamacpp)")
     args = p.parse_args(argv)
@@ -301,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         draft_layers=facts["draft"]["layers"],
         treatment="sweep" if args.sweep_n_max else args.treatment,
         sweep_n_max=[int(v) for v in args.sweep_n_max.split(",")] if args.sweep_n_max else None,
-        blocks=args.blocks))
+        blocks=args.blocks, sequential=args.sequential))
     return 0
 
 
