@@ -67,3 +67,22 @@ def test_the_h200_sweeps_report_names_the_design_and_why_its_headline_is_no_best
     assert kind_text(d) == "sweep experiment, 2 blocks"
     assert not any(r.best for r in d.sweep)
     assert "no arm is claimed best" in headline_text(d)
+
+
+def test_committed_h200_sequential_abba_stopped_at_its_first_look(tmp_path: Path) -> None:
+    """Issue 32 on the GPU: CUDA graphs on vs off as a sequential ABBA (at most 3 blocks,
+    Pocock, rci-t/2) stopped FASTER after block 1; verify recomputes the look, and the
+    record gate's 98 % look is FASTER too."""
+    with tarfile.open(EXAMPLES / "exp-graphs-seq.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    exp = tmp_path / "exp-graphs-seq"
+    assert verify_dir(exp) == []
+    record = json.loads((exp / "record.json").read_text())
+    seq = record["sequential"]
+    assert (seq["stopped"], seq["stopped_at"], seq["max_looks"]) == (True, "block 1", 3)
+    assert seq["method"].startswith("rci-t/2") and seq["spending"] == "pocock"
+    (look,) = seq["looks"]
+    assert look["df"] == 2 and look["statistic"] > look["boundary"] > 0
+    assert look["statistic"] > look["record_boundary"] and seq["record_verdict"] == "FASTER"
+    assert sorted(record["runs"]) == ["A1", "A2", "B1", "B2"]  # blocks 2 and 3 never ran
+    assert seq["ci_low"] < seq["estimate_ratio"] < seq["ci_high"] and seq["ci_low"] > 1
