@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from bench.verdict import asnbound
 from bench.verdict.sequential import H200_DRAFT
 from bench.verdict.sim import ROWS
 from tokrecord.experiment.plan import Spending
@@ -117,6 +118,23 @@ class Base:
                 float(legs.std() / math.sqrt(len(legs))))
 
 
+def optimal_spending(looks: tuple[int, ...], pair_info: float, alpha: float) -> Spend:
+    """The alpha the known-variance optimal upper-only test (asnbound) spends by each look
+    after `looks` pairs, as a spending function of the information fraction (a step at
+    each look; `t_bounds` reads it only there)."""
+    info = [pair_info * n for n in looks]
+    best = asnbound.optimal(info, alpha, 201, futility=False)
+    by_look = [asnbound.evaluate(info[:k + 1], [-math.inf] * (k + 1), best.upper[:k + 1],
+                                 0.0, 201).reject for k in range(len(looks))]
+    fractions = [n / looks[-1] for n in looks]
+
+    def spend(alpha_: float, t: float) -> float:
+        done = [a for f, a in zip(fractions, by_look, strict=True) if f <= t + 1e-12]
+        return (done[-1] if done else 0.0) * alpha_ / alpha
+
+    return spend
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.verdict.asnpair", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -178,6 +196,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"    max {most:>3} pairs: P(FASTER) {100 * p:5.1f} +- {100 * se:.1f} %, "
                       f"E legs {e_legs:5.1f} +- {legs_se:.1f}; fixed {4 * (fixed or 0)} legs: {ratio}",
                       flush=True)
+    print("\nThe known-variance optimum's spending carried to t (bench.verdict.asnbound's "
+          "upper-only optimal test for these looks at rci-t/2's alpha: its alpha by each look "
+          "spent by simulated t boundaries), first reaching 90 % power:")
+    pair_info = (effect / sigma_pair / asnbound.DELTA) ** 2  # x the fixed design's
+    for label, first_, step in (("pairs, first pair 3", 3, 1), ("pairs, first pair 4", 4, 1),
+                                ("blocks, first block 2", 4, 2), ("blocks, first block 1", 2, 2)):
+        for most in range(max(8, first_ + 2), args.most + 1, 2):
+            spend_ = optimal_spending(tuple(range(first_, most + 1, step)), pair_info,
+                                      0.8 * ALPHA_HALF)
+            p, se, e_legs, legs_se = base.asn(first_, most, 0.8, spend_, sigma_pair, effect,
+                                              step)
+            if p >= 0.9 or most + 2 > args.most:
+                print(f"  {label}, max {most} pairs: P(FASTER) {100 * p:.1f} +- {100 * se:.1f} %,"
+                      f" E legs {e_legs:.1f} +- {legs_se:.1f} ({100 * e_legs / FIXED_LEGS:.0f} % "
+                      f"of {FIXED_LEGS})" + ("" if p >= 0.9 else ": 90 % not reached"),
+                      flush=True)
+                break
     print(f"{time.monotonic() - t0:.0f} s, load average at the start {load0}, at the end "
           f"{os.getloadavg()}")
     return 0
