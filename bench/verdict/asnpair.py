@@ -118,12 +118,15 @@ class Base:
                 float(legs.std() / math.sqrt(len(legs))))
 
 
-def optimal_spending(looks: tuple[int, ...], pair_info: float, alpha: float) -> Spend:
+def optimal_spending(looks: tuple[int, ...], pair_info: float, alpha: float) -> Spend | None:
     """The alpha the known-variance optimal upper-only test (asnbound) spends by each look
     after `looks` pairs, as a spending function of the information fraction (a step at
-    each look; `t_bounds` reads it only there)."""
+    each look; `t_bounds` reads it only there); None where even that test falls short of
+    90 % power."""
     info = [pair_info * n for n in looks]
     best = asnbound.optimal(info, alpha, 201, futility=False)
+    if not math.isfinite(best.expected):
+        return None
     by_look = [asnbound.evaluate(info[:k + 1], [-math.inf] * (k + 1), best.upper[:k + 1],
                                  0.0, 201).reject for k in range(len(looks))]
     fractions = [n / looks[-1] for n in looks]
@@ -203,8 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label, first_, step in (("pairs, first pair 3", 3, 1), ("pairs, first pair 4", 4, 1),
                                 ("blocks, first block 2", 4, 2), ("blocks, first block 1", 2, 2)):
         for most in range(max(8, first_ + 2), args.most + 1, 2):
-            spend_ = optimal_spending(tuple(range(first_, most + 1, step)), pair_info,
-                                      0.8 * ALPHA_HALF)
+            found = optimal_spending(tuple(range(first_, most + 1, step)), pair_info,
+                                     0.8 * ALPHA_HALF)
+            if found is None:
+                continue
+            spend_ = found
             p, se, e_legs, legs_se = base.asn(first_, most, 0.8, spend_, sigma_pair, effect,
                                               step)
             if p >= 0.9 or most + 2 > args.most:
