@@ -15,7 +15,9 @@ power family alpha t^rho, at rci-t/2's 0.8 alpha and at the full alpha; the inte
 the repeated one and a look stops on FASTER, SLOWER or NO DIFFERENCE (+-1 %) as
 `sequential.run_paths` reads it. Printed: for each family, first look and alpha, the
 smallest maximum (in pairs) whose P(FASTER) reaches 90 %, its expected legs and their
-ratio to the fixed 7 blocks (28 legs); and, for the best, the power at which 60 % is met.
+ratio to the fixed 7 blocks (28 legs); for the best, and for Pocock with a look per block
+(the planner's default family), the power at which 60 % of the fixed design of that power
+is met; and the known-variance optimum's spending (bench.verdict.asnbound) carried to t.
 
 `--known-variance` runs the same with the true standard error (z statistics): the gap
 to the t figures is what estimating the noise on few df costs.
