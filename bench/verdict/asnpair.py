@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     best: tuple[float, str, int, float, Spend, int] | None = None
     for name, spend in families.items():
         for factor in (0.8, 1.0):
-            for first in (2, 3, 4):
+            for first in (2, 3, 4, 6, 8):
                 for most in range(max(8, first + 1), args.most + 1, 2):
                     p, se, legs, _ = base.asn(first, most, factor, spend, sigma_pair, effect)
                     if p >= 0.9:
