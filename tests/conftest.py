@@ -51,6 +51,19 @@ def _signing_key_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["TOKRECORD_CONFIG_DIR"] = str(tmp_path_factory.mktemp("tokrecord-config"))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _fake_servers_sleep() -> None:
+    """Every fake server a test starts (they inherit this environment) sleeps to each due
+    write instead of spinning its last millisecond: at the suite's 1000-3000 tok/s the
+    spin was the whole stream, about a quarter of a fake experiment's CPU, on two cores
+    shared by three workers. Writes stay never early, only a little late; how closely the
+    server keeps its schedule is bench/fidelity's figure, with the spin. A test given its
+    own `env=` starts servers that spin."""
+    import os
+
+    os.environ.setdefault("TOKRECORD_FAKE_SPIN_US", "0")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test under tests/engine/ is an engine test whether or not its module says so."""
     engine_dir = Path(__file__).parent / "engine"
