@@ -61,7 +61,10 @@ def _fake_servers_sleep() -> None:
     own `env=` starts servers that spin."""
     import os
 
-    os.environ.setdefault("TOKRECORD_FAKE_SPIN_US", "0")
+    from plan_support import SLEEPING_FAKE
+
+    for name, value in SLEEPING_FAKE.items():
+        os.environ.setdefault(name, value)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
