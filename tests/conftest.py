@@ -24,10 +24,19 @@ tokrecord` costs about 2 s of CPU in imports.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# One BLAS thread in every test process and each process it starts, set before anything
+# imports numpy (the xdist workers inherit it from the controller, which loads this file
+# first). OpenBLAS's threads spin while they wait for work: with three workers on two
+# cores they burned CPU the tests then lacked (the demo model's reference forward pass:
+# 8.9 s of CPU at load 6, 1.5 s with one thread; issue 28). Real engines are unaffected:
+# vLLM CPU's torch computes with OpenMP, llama.cpp with its own threads.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 FAKE = [sys.executable, "-m", "tokrecord.server.fake"]
 
@@ -46,8 +55,6 @@ def run_root(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True, scope="session")
 def _signing_key_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Seals in tests sign with a throwaway key, never the user's."""
-    import os
-
     os.environ["TOKRECORD_CONFIG_DIR"] = str(tmp_path_factory.mktemp("tokrecord-config"))
 
 
@@ -58,9 +65,7 @@ def _fake_servers_sleep() -> None:
     spin was the whole stream, about a quarter of a fake experiment's CPU, on two cores
     shared by three workers. Writes stay never early, only a little late; how closely the
     server keeps its schedule is bench/fidelity's figure, with the spin. A test given its
-    own `env=` starts servers that spin."""
-    import os
-
+    own `env=` starts servers that spin unless that env carries SLEEPING_FAKE."""
     from plan_support import SLEEPING_FAKE
 
     for name, value in SLEEPING_FAKE.items():
