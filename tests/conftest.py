@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,11 +91,37 @@ SLOW_MODULES = (
     "submit/test_submit_lifecycle.py", "experiment/test_experiment_fake.py",
     "experiment/test_experiment_blocks.py", "experiment/test_sequential_fake.py",
     "submit/test_submit_flow.py", "experiment/test_crash_safety.py",
+    # One unit of work with the two after it (SHARED_SCOPES).
+    "record/test_verify.py", "record/test_hostile_evidence.py", "record/test_record_schema.py",
     "experiment/test_identity_per_leg.py", "experiment/test_sweep_fake.py", "cli/test_cli.py",
     "report/test_report_html.py", "experiment/test_sealed_evidence.py",
     "cli/test_reaccount_cli.py", "cli/test_first_experiment.py",
-    "experiment/test_noise_record.py", "record/test_verify.py", "record/test_h200_example.py",
+    "experiment/test_noise_record.py", "record/test_h200_example.py",
 )
+
+
+# Modules that share a session fixture's work, each sent to the same xdist worker as the first
+# one named: --dist loadfile would otherwise build the fixture once in every worker that gets
+# one of them. test_hostile_evidence and test_record_schema read test_verify's sealed fake ABBA
+# (tests/sealed_support.py).
+SHARED_SCOPES = {
+    "tests/record/test_hostile_evidence.py": "tests/record/test_verify.py",
+    "tests/record/test_record_schema.py": "tests/record/test_verify.py",
+}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadfile, with the SHARED_SCOPES modules as one unit of work."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope: str = super()._split_scope(nodeid)
+            return SHARED_SCOPES.get(scope, scope)
+
+    return SharedFileScheduling(config, log)
 
 
 def slow_modules_first(items: list[pytest.Item]) -> None:
