@@ -78,7 +78,7 @@ def sealed_leg(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _experiment(root: Path, design: str, prior: str, headline: str) -> Path:
     path, plan = write_plan(root, plan_toml(
         design, design=design, control=None if design == "single" else 1000, candidate=1050,
-        rows=3, idle=0, prior=prior, extra=f'headline = "{headline}"'))
+        rows=3, idle=0, prior=prior, extra=f'headline = "{headline}"', telemetry=False))
     exp = root / "exp"
     finish(exp, build_record(plan, exp, run_experiment(plan, exp, plan_text=path.read_bytes())))
     return exp
