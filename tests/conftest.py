@@ -110,8 +110,29 @@ SHARED_SCOPES = {
 }
 
 
+# Long tests that share nothing with their module (a fake experiment of their own under
+# tmp_path, no module fixture), each handed out as a unit of its own: with loadfile, a long
+# module ran all of them on one worker, and test_experiment_fake alone took some 110 s of
+# the parallel group's wall time while the other workers had nothing left (issue 28). A
+# test renamed here only goes back to its module's unit: order, never a result.
+SPLIT_TESTS = {
+    "tests/experiment/test_experiment_fake.py": (
+        "test_resume_after_interruption_during_a_leg",
+        "test_resume_after_interruption_between_legs", "test_a_a_experiment_makes_no_record"),
+    "tests/experiment/test_sequential_fake.py": ("test_no_effect_with_no_band_runs_to_its_maximum",),
+    "tests/experiment/test_experiment_blocks.py": (
+        "test_aa_experiment_records_the_noise_and_claims_nothing",
+        "test_an_interrupted_second_block_resumes_to_a_record_that_verifies"),
+    "tests/experiment/test_crash_safety.py": (
+        "test_a_full_disk_gives_one_message_then_resumes",
+        "test_raw_log_recovers_a_row_cut_by_sigkill"),
+    "tests/submit/test_submit_lifecycle.py": ("test_the_prior_is_rechecked_at_preregistration",),
+}
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """--dist loadfile, with the SHARED_SCOPES modules as one unit of work."""
+    """--dist loadfile, with the SHARED_SCOPES modules as one unit of work and each of the
+    SPLIT_TESTS as one of its own."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -119,6 +140,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class SharedFileScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             scope: str = super()._split_scope(nodeid)
+            test = nodeid.partition("::")[2].partition("[")[0]
+            if test in SPLIT_TESTS.get(scope, ()):
+                return nodeid
             return SHARED_SCOPES.get(scope, scope)
 
     return SharedFileScheduling(config, log)
