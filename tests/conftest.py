@@ -130,6 +130,7 @@ SPLIT_TESTS = {
 }
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: unknown to a run without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """--dist loadfile, with the SHARED_SCOPES modules as one unit of work and each of the
     SPLIT_TESTS as one of its own."""
