@@ -91,7 +91,7 @@ test: engine lint
 
 # Without the real engine: fake server and pure code only (4.6 min on 2 cores, quiet machine:
 # 4.4 parallel + 0.2 serial, before issue 28's third round; 3.6 min after it at load ~5,
-# 274 s of CPU; the target is 2 min, issue 28).
+# 274 s of CPU; 3.4 min after its fourth, load 1 to 3, 265 s of CPU; the target is 2 min).
 test-fast: setup
 	scripts/ensure-chromium >/dev/null
 	rc=0; \

@@ -24,10 +24,20 @@ tokrecord` costs about 2 s of CPU in imports.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+# One BLAS thread in every test process and each process it starts, set before anything
+# imports numpy (the xdist workers inherit it from the controller, which loads this file
+# first). OpenBLAS's threads spin while they wait for work: with three workers on two
+# cores they burned CPU the tests then lacked (the demo model's reference forward pass:
+# 8.9 s of CPU at load 6, 1.5 s with one thread; issue 28). Real engines are unaffected:
+# vLLM CPU's torch computes with OpenMP, llama.cpp with its own threads.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 FAKE = [sys.executable, "-m", "tokrecord.server.fake"]
 
@@ -46,9 +56,21 @@ def run_root(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True, scope="session")
 def _signing_key_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Seals in tests sign with a throwaway key, never the user's."""
-    import os
-
     os.environ["TOKRECORD_CONFIG_DIR"] = str(tmp_path_factory.mktemp("tokrecord-config"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fake_servers_sleep() -> None:
+    """Every fake server a test starts (they inherit this environment) sleeps to each due
+    write instead of spinning its last millisecond: at the suite's 1000-3000 tok/s the
+    spin was the whole stream, about a quarter of a fake experiment's CPU, on two cores
+    shared by three workers. Writes stay never early, only a little late; how closely the
+    server keeps its schedule is bench/fidelity's figure, with the spin. A test given its
+    own `env=` starts servers that spin unless that env carries SLEEPING_FAKE."""
+    from plan_support import SLEEPING_FAKE
+
+    for name, value in SLEEPING_FAKE.items():
+        os.environ.setdefault(name, value)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -69,11 +91,62 @@ SLOW_MODULES = (
     "submit/test_submit_lifecycle.py", "experiment/test_experiment_fake.py",
     "experiment/test_experiment_blocks.py", "experiment/test_sequential_fake.py",
     "submit/test_submit_flow.py", "experiment/test_crash_safety.py",
+    # One unit of work with the two after it (SHARED_SCOPES).
+    "record/test_verify.py", "record/test_hostile_evidence.py", "record/test_record_schema.py",
     "experiment/test_identity_per_leg.py", "experiment/test_sweep_fake.py", "cli/test_cli.py",
     "report/test_report_html.py", "experiment/test_sealed_evidence.py",
     "cli/test_reaccount_cli.py", "cli/test_first_experiment.py",
-    "experiment/test_noise_record.py", "record/test_verify.py", "record/test_h200_example.py",
+    "experiment/test_noise_record.py", "record/test_h200_example.py",
 )
+
+
+# Modules that share a session fixture's work, each sent to the same xdist worker as the first
+# one named: --dist loadfile would otherwise build the fixture once in every worker that gets
+# one of them. test_hostile_evidence and test_record_schema read test_verify's sealed fake ABBA
+# (tests/sealed_support.py).
+SHARED_SCOPES = {
+    "tests/record/test_hostile_evidence.py": "tests/record/test_verify.py",
+    "tests/record/test_record_schema.py": "tests/record/test_verify.py",
+}
+
+
+# Long tests that share nothing with their module (a fake experiment of their own under
+# tmp_path, no module fixture), each handed out as a unit of its own: with loadfile, a long
+# module ran all of them on one worker, and test_experiment_fake alone took some 110 s of
+# the parallel group's wall time while the other workers had nothing left (issue 28). A
+# test renamed here only goes back to its module's unit: order, never a result.
+SPLIT_TESTS = {
+    "tests/experiment/test_experiment_fake.py": (
+        "test_resume_after_interruption_during_a_leg",
+        "test_resume_after_interruption_between_legs", "test_a_a_experiment_makes_no_record"),
+    "tests/experiment/test_sequential_fake.py": ("test_no_effect_with_no_band_runs_to_its_maximum",),
+    "tests/experiment/test_experiment_blocks.py": (
+        "test_aa_experiment_records_the_noise_and_claims_nothing",
+        "test_an_interrupted_second_block_resumes_to_a_record_that_verifies"),
+    "tests/experiment/test_crash_safety.py": (
+        "test_a_full_disk_gives_one_message_then_resumes",
+        "test_raw_log_recovers_a_row_cut_by_sigkill"),
+    "tests/submit/test_submit_lifecycle.py": ("test_the_prior_is_rechecked_at_preregistration",),
+}
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: unknown to a run without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadfile, with the SHARED_SCOPES modules as one unit of work and each of the
+    SPLIT_TESTS as one of its own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope: str = super()._split_scope(nodeid)
+            test = nodeid.partition("::")[2].partition("[")[0]
+            if test in SPLIT_TESTS.get(scope, ()):
+                return nodeid
+            return SHARED_SCOPES.get(scope, scope)
+
+    return SharedFileScheduling(config, log)
 
 
 def slow_modules_first(items: list[pytest.Item]) -> None:

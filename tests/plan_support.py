@@ -20,7 +20,11 @@ PY = sys.executable
 FAKE_ARGV = [PY, "-m", "tokrecord.server.fake", "--host", "{host}", "--port", "{port}",
              "--model", "{model}"]
 CLI = [PY, "-m", "tokrecord"]
-CLI_ENV = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TERM": "dumb"}
+# What every fake server a test starts finds in its environment: it sleeps to each due write
+# rather than spinning the last millisecond (tests/conftest.py, _fake_servers_sleep). An
+# `env=` given to a command replaces the test process's environment, so it carries this too.
+SLEEPING_FAKE = {"TOKRECORD_FAKE_SPIN_US": "0"}
+CLI_ENV = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TERM": "dumb", **SLEEPING_FAKE}
 LEGS = ["A1", "B1", "B2", "A2"]
 # A real idle gap before every leg, so each experiment logs and measures its gaps (a test
 # checks each measured gap >= the plan's, which needs a gap above 0), but the shortest: the

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from cli_support import cli_in_process
+from plan_support import SLEEPING_FAKE
 from probes_support import FAST_IDLE_ARGS
 
 CLI = [sys.executable, "-m", "tokrecord"]
@@ -18,7 +19,7 @@ def cli_env() -> dict[str, str]:
     import os
 
     return {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TERM": "dumb",
-            "TOKRECORD_CONFIG_DIR": os.environ["TOKRECORD_CONFIG_DIR"]}
+            "TOKRECORD_CONFIG_DIR": os.environ["TOKRECORD_CONFIG_DIR"], **SLEEPING_FAKE}
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cli_support import cli_in_process
-from plan_support import plan_toml, write_plan
+from plan_support import SLEEPING_FAKE, plan_toml, write_plan
 from tokrecord.cli.view import flag_notes
 from tokrecord.demo.gguf import build_demo_gguf
 from tokrecord.engines import EngineName, infer_engine
@@ -19,7 +19,7 @@ from tokrecord.report.browser import CHROMIUM_HINT
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "llamacpp" / "ngram-vs-plain.toml"
 CLI = [sys.executable, "-m", "tokrecord"]
-ENV = {"PATH": "/usr/bin:/bin", "TERM": "dumb"}
+ENV = {"PATH": "/usr/bin:/bin", "TERM": "dumb", **SLEEPING_FAKE}
 
 
 def _help(*args: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cli_support import cli_in_process
-from plan_support import plan_toml, write_plan
+from plan_support import SLEEPING_FAKE, plan_toml, write_plan
 from probes_support import FAST_IDLE_ARGS
 from tokrecord.cli.reaccount import reaccount_dir
 from tokrecord.evidence import read_jsonl
@@ -35,7 +35,7 @@ DISPOSITION = "Preserve the receipt as submitted evidence; qualify the score; do
 
 def cli_env() -> dict[str, str]:
     return {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TERM": "dumb",
-            "TOKRECORD_CONFIG_DIR": os.environ["TOKRECORD_CONFIG_DIR"]}
+            "TOKRECORD_CONFIG_DIR": os.environ["TOKRECORD_CONFIG_DIR"], **SLEEPING_FAKE}
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -78,7 +78,7 @@ def sealed_leg(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _experiment(root: Path, design: str, prior: str, headline: str) -> Path:
     path, plan = write_plan(root, plan_toml(
         design, design=design, control=None if design == "single" else 1000, candidate=1050,
-        rows=3, idle=0, prior=prior, extra=f'headline = "{headline}"'))
+        rows=3, idle=0, prior=prior, extra=f'headline = "{headline}"', telemetry=False))
     exp = root / "exp"
     finish(exp, build_record(plan, exp, run_experiment(plan, exp, plan_text=path.read_bytes())))
     return exp

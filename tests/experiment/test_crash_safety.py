@@ -186,7 +186,9 @@ def test_a_full_disk_gives_one_message_then_resumes(tmp_path: Path) -> None:
 def test_raw_log_recovers_a_row_cut_by_sigkill(tmp_path: Path) -> None:
     """A real SIGKILL of the harness while a fast row streams (150 tokens at 1000 tok/s,
     reads ~1 ms apart, so nothing is decoded during the row)."""
-    path, _ = write_plan(tmp_path, plan_toml("kill-mid-row", rows=3, idle=0))
+    # The teacher's leg is the one killed; then one leg, not four, to complete (issue 28).
+    path, _ = write_plan(tmp_path, plan_toml("kill-mid-row", design="single", control=None,
+                                             rows=3, idle=0))
     exp = tmp_path / "exp"
     run_dir = exp / "teacher" / "attempt-1"
     proc = subprocess.Popen([*CLI, "run", str(path), "--out", str(exp)], env=CLI_ENV,
@@ -275,7 +277,10 @@ def test_an_orphan_is_found_by_its_run_dir_without_server_json(tmp_path: Path) -
 
 def test_a_kill_while_preregistering_leaves_no_half_experiment(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path, plan = write_plan(tmp_path, plan_toml("prereg", rows=3, idle=0))
+    # One leg, no teacher: the kill is in preregistration, before any leg (issue 28: an ABBA
+    # ran five legs here to check what happens before the first).
+    path, plan = write_plan(tmp_path, plan_toml("prereg", design="single", control=None,
+                                                rows=3, idle=0, teacher=None))
     exp = tmp_path / "exp"
 
     def killed(*args: object, **kwargs: object) -> None:
@@ -296,7 +301,10 @@ def test_a_kill_while_preregistering_leaves_no_half_experiment(
 
 
 def test_a_finish_cut_after_the_manifest_is_completed(tmp_path: Path) -> None:
-    path, plan = write_plan(tmp_path, plan_toml("finish", rows=3, idle=0))
+    # The teacher and one leg (a valid leg, so the rerun exits 0): the cut is in finish,
+    # after every leg (issue 28: an ABBA's five legs ran here).
+    path, plan = write_plan(tmp_path, plan_toml("finish", design="single", control=None,
+                                                rows=3, idle=0))
     exp = tmp_path / "exp"
     results = run_experiment(plan, exp, plan_text=path.read_bytes())
     record = build_record(plan, exp, results)

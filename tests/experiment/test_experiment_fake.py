@@ -436,8 +436,10 @@ class _InterruptB1(NullExperimentObserver):
 
 
 def _interrupted_at_b1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Plan:
-    _, plan = write_plan(tmp_path, plan_toml("spelling", control=4000, candidate=4000, rows=2,
-                                             idle=0, teacher=None))
+    # One leg: what is checked is the resume by another path, not the design (issue 28: an
+    # ABBA ran five legs here, twice).
+    _, plan = write_plan(tmp_path, plan_toml("spelling", design="single", control=None,
+                                             candidate=4000, rows=2, idle=0, teacher=None))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(KeyboardInterrupt):
         run_experiment(plan, Path("exp"), _InterruptB1())
@@ -450,8 +452,9 @@ def test_resume_through_another_spelling_of_the_directory(
     exp = tmp_path / "exp"  # the same directory, now absolute
     results = run_experiment(plan, exp)
     record = build_record(plan, exp, results)
+    # (A single-leg record counts no retries: test_resume_after_interruption_during_a_leg
+    # checks an ABBA's count of 1.)
     assert attempts_of(record, "B1") == [(1, "interrupted"), (2, "complete")]
-    assert record["quality"]["retries"] == 1
 
 
 def test_resume_from_another_working_directory(
@@ -463,7 +466,7 @@ def test_resume_from_another_working_directory(
     exp = tmp_path / "exp"
     results = run_experiment(plan, exp)
     record = build_record(plan, exp, results)
-    assert record["runs"]["A1"]["evidence_sha256"]
+    assert attempts_of(record, "B1") == [(1, "interrupted"), (2, "complete")]
 
 
 # --------------------------------------------------------------------------- single leg

@@ -16,7 +16,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from test_verify import writable_copy
 
-from probes_support import FAST_PLAN_SECTIONS
+from sealed_support import SealedAbba
 from tokrecord.cli import main
 from tokrecord.evidence.seal import (
     MANIFEST_NAME,
@@ -25,31 +25,16 @@ from tokrecord.evidence.seal import (
     load_or_create_key,
     seal,
 )
-from tokrecord.experiment.plan import parse_plan
-from tokrecord.experiment.runner import run_experiment
-from tokrecord.record.build import build_record, finish
 from tokrecord.record.verify import verify_dir
 
-FAKE = [sys.executable, "-m", "tokrecord.server.fake", "--host", "{host}", "--port", "{port}",
-        "--model", "{model}", "--ttft-ms", "5"]
 MARKER = "PLANTED-SECRET-7f3a"
 LEG = Path("A1") / "attempt-1"
 
 
 @pytest.fixture(scope="module")
-def sealed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    plan = parse_plan({
-        "name": "hostile", "design": "abba", "suite_rows": 2, "teacher": "capture",
-        "idle_gap_s": 0, **FAST_PLAN_SECTIONS,
-        "server": {"argv": FAKE, "model": "fake", "ready_timeout_s": 30},
-        "arms": {"control": {"env": {"TOKRECORD_FAKE_TOK_S": "3000"}},
-                 "candidate": {"env": {"TOKRECORD_FAKE_TOK_S": "3300"}}},
-        "verdict": {"bootstrap_samples": 200},
-    }, "test")
-    exp = tmp_path_factory.mktemp("sealed") / "exp"
-    results = run_experiment(plan, exp)
-    finish(exp, build_record(plan, exp, results))
-    return exp
+def sealed(sealed_abba: SealedAbba) -> Path:
+    """The session's sealed fake ABBA (tests/sealed_support.py), shared read-only."""
+    return sealed_abba.exp
 
 
 def stranger() -> SigningKey:

@@ -14,6 +14,7 @@ from typing import Any, get_args
 import pytest
 
 from probes_support import FAST_PLAN_SECTIONS
+from sealed_support import SealedAbba
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout
 from tokrecord.evidence.seal import load_or_create_key
@@ -66,8 +67,16 @@ def _experiment(tmp: Path, design: str) -> tuple[dict[str, Any], dict[str, Any]]
 
 
 @pytest.fixture(scope="module")
-def abba(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
-    return _experiment(tmp_path_factory.mktemp("abba"), "abba")
+def abba(sealed_abba: SealedAbba) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The session's sealed fake ABBA (tests/sealed_support.py: _plan("abba")'s plan under
+    another name). Its record.json names no key, so the CLI's `seal` section is added as
+    _experiment adds it before finish (the single record checks that finish writes it)."""
+    written = json.loads((sealed_abba.exp / "record.json").read_text(encoding="utf-8"))
+    assert "seal" not in written
+    key = load_or_create_key()
+    written["seal"] = {"public_key_fingerprint": key.fingerprint, "keyid": key.keyid,
+                       "public_key_pem": key.public_key_pem}
+    return copy.deepcopy(sealed_abba.built), written
 
 
 @pytest.fixture(scope="module")

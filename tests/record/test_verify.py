@@ -6,38 +6,20 @@ import base64
 import json
 import shutil
 import stat
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from probes_support import FAST_PLAN_SECTIONS
-from tokrecord.experiment.plan import parse_plan
-from tokrecord.experiment.runner import run_experiment
-from tokrecord.record.build import build_record, finish
+from sealed_support import SealedAbba
 from tokrecord.record.lint import lint_record
 from tokrecord.record.verify import verify_dir
 
-FAKE = [sys.executable, "-m", "tokrecord.server.fake", "--host", "{host}", "--port", "{port}",
-        "--model", "{model}", "--ttft-ms", "5"]
-
 
 @pytest.fixture(scope="module")
-def sealed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    plan = parse_plan({
-        "name": "verify-me", "design": "abba", "suite_rows": 2, "teacher": "capture",
-        "idle_gap_s": 0, **FAST_PLAN_SECTIONS,
-        "server": {"argv": FAKE, "model": "fake", "ready_timeout_s": 30},
-        "arms": {"control": {"env": {"TOKRECORD_FAKE_TOK_S": "3000"}},
-                 "candidate": {"env": {"TOKRECORD_FAKE_TOK_S": "3300"}}},
-        "prior": {"value_tok_s": 3000.0},
-        "verdict": {"bootstrap_samples": 500},
-    }, "test")
-    exp = tmp_path_factory.mktemp("sealed") / "exp"
-    results = run_experiment(plan, exp)
-    finish(exp, build_record(plan, exp, results))
-    return exp
+def sealed(sealed_abba: SealedAbba) -> Path:
+    """The session's sealed fake ABBA (tests/sealed_support.py), shared read-only."""
+    return sealed_abba.exp
 
 
 def writable_copy(src: Path, dst: Path) -> Path:

@@ -38,6 +38,7 @@ from tokrecord.server.fake import (
     output_token_ids,
     prompt_token_ids,
 )
+from tokrecord.server.fake.tokens import wait_until
 
 STARTUP_TIMEOUT_S = 10.0
 
@@ -220,6 +221,20 @@ def test_config_errors_name_their_source() -> None:
         config_from_args(["--port", "1", "--tok-s", "0"], {})
     with pytest.raises(ConfigError, match="fail_status"):
         FakeServerConfig(port=1, fail_status=200)
+
+
+def test_spin_is_an_option_and_zero_sleeps_to_the_due_time() -> None:
+    assert config_from_args(["--port", "1"], {}).spin_ns == 1_000_000
+    assert config_from_args(["--port", "1"], {"TOKRECORD_FAKE_SPIN_US": "0"}).spin_ns == 0
+    assert config_from_args(["--port", "1", "--spin-us", "250"],
+                            {"TOKRECORD_FAKE_SPIN_US": "0"}).spin_ns == 250_000
+    with pytest.raises(ConfigError, match="spin_us must be"):
+        config_from_args(["--port", "1", "--spin-us", "-1"], {})
+    # Sleeping only is still never early.
+    for spin_ns in (0, 1_000_000):
+        deadline = time.perf_counter_ns() + 3_000_000
+        wait_until(deadline, spin_ns)
+        assert time.perf_counter_ns() >= deadline
 
 
 # ----------------------------------------------------------------- the server

@@ -560,9 +560,11 @@ FIXTURES = FIXTURES_DIR
 def sealed_blocks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A two-block ABBA record (8 legs): the headline may come from any block."""
     root = tmp_path_factory.mktemp("submit-blocks")
-    # 3 rows, not 5: the test is about which leg is chosen, and 9 legs stream in real time.
+    # 3 rows, not 5, and no sampler: the test is about which leg is chosen, and 9 legs stream
+    # in real time (the `sealed` record above keeps telemetry in a submission).
     path, plan = write_plan(root, plan_toml("submit-blocks", control=1000, candidate=1050,
-                                            rows=3, idle=0, extra="blocks = 2"))
+                                            rows=3, idle=0, extra="blocks = 2",
+                                            telemetry=False))
     exp = root / "exp"
     results = run_experiment(plan, exp, plan_text=path.read_bytes())
     finish(exp, build_record(plan, exp, results))

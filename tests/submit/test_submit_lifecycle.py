@@ -22,7 +22,7 @@ import pytest
 from test_submit_flow import KEY, OPTS, addendum, posts, standin
 
 from cli_support import cli_in_process
-from plan_support import FAKE_ARGV, SUITE_ROWS, plan_toml, write_plan
+from plan_support import FAKE_ARGV, SLEEPING_FAKE, SUITE_ROWS, plan_toml, write_plan
 from tokrecord.evidence import read_jsonl
 from tokrecord.evidence.seal import parse_manifest, signer_fingerprint
 from tokrecord.experiment.runner import run_experiment
@@ -68,7 +68,7 @@ def _env(tmp_path: Path, trust: Path | None = None, **extra: str) -> dict[str, s
         config.mkdir(exist_ok=True)
         (config / "trusted_keys").write_text(f"{signer_fingerprint(trust)} the test's record\n")
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLUMNS": "220", "TERM": "dumb",
-            "TOKRECORD_CONFIG_DIR": str(config), **extra}
+            "TOKRECORD_CONFIG_DIR": str(config), **SLEEPING_FAKE, **extra}
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

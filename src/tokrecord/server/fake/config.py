@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Literal, cast
 
 from tokrecord.errors import ConfigError
-from tokrecord.server.fake.constants import DEFAULT_MODEL, DIALECT_NAMES, ENV_PREFIX, LEG_ENV
+from tokrecord.server.fake.constants import (
+    DEFAULT_MODEL,
+    DIALECT_NAMES,
+    ENV_PREFIX,
+    LEG_ENV,
+    SPIN_NS,
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,14 @@ class FakeServerConfig:
     # leaves incomplete UTF-8 (engines/llamacpp.py): no event for it, and the next event
     # carries its text but only its own id.
     hold_back_every: int | None = None
+    # How long before each due write the wait stops sleeping and spins (time.sleep
+    # overshoots, a spin does not). 0 sleeps only: far less CPU, writes a little late;
+    # the test suite runs its fake servers so (tests/conftest.py), bench/fidelity never.
+    spin_us: float = SPIN_NS / 1000
+
+    @property
+    def spin_ns(self) -> int:
+        return round(self.spin_us * 1000)
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -73,6 +87,8 @@ class FakeServerConfig:
             problems.append(f"ttft_ms must be a finite number >= 0, got {self.ttft_ms}")
         if not (math.isfinite(self.leg_jitter_pct) and 0 <= self.leg_jitter_pct <= 50):
             problems.append(f"leg_jitter_pct must be 0..50, got {self.leg_jitter_pct}")
+        if not (math.isfinite(self.spin_us) and self.spin_us >= 0):
+            problems.append(f"spin_us must be a finite number >= 0, got {self.spin_us}")
         if not (math.isfinite(self.tok_s) and self.tok_s > 0):
             problems.append(f"tok_s must be a finite number > 0, got {self.tok_s}")
         if self.hold_back_every is not None and (
@@ -175,6 +191,9 @@ _OPTIONS = (
     _Option("hold_back_every", "opt_int",
             "llama.cpp: hold back every Nth token's id as llama.cpp holds a token that leaves "
             "incomplete UTF-8 (no event; the next event has its text, not its id)"),
+    _Option("spin_us", "float",
+            f"spin this long before each due write instead of sleeping (default "
+            f"{SPIN_NS // 1000}; 0 sleeps only: much less CPU, writes tens of µs late)"),
 )
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -328,6 +347,7 @@ def config_from_args(
         enable_metrics=values.bool_("enable_metrics"),
         metrics=values.bool_("metrics"),
         hold_back_every=values.opt_int("hold_back_every"),
+        spin_us=values.float_("spin_us", SPIN_NS / 1000),
     )
 
 

@@ -263,7 +263,7 @@ class _Handler(BaseHTTPRequestHandler):
         malformed_at = config.malformed_after_tokens
         sent = 0
         if malformed_at == 0:
-            wait_until(t_first)
+            wait_until(t_first, config.spin_ns)
             self._send_malformed(req)
             malformed_at = None
         for index, positions in enumerate(chunk_plan(n_send, config.tokens_per_chunk)):
@@ -277,7 +277,7 @@ class _Handler(BaseHTTPRequestHandler):
             payload += chunk_frame(event) if event else b""
             due = due_ns(t_first, last, config.tok_s)
             # Nothing but the wait between the due time and the write: logging follows.
-            wait_until(due)
+            wait_until(due, config.spin_ns)
             if payload:
                 self._write(payload)
             t_written = time.perf_counter_ns()
@@ -319,7 +319,7 @@ class _Handler(BaseHTTPRequestHandler):
     ) -> int:
         config = self.fake.config
         t_first = t_req + round(config.ttft_ms * 1e6)
-        wait_until(due_ns(t_first, max(n_send - 1, 0), config.tok_s))
+        wait_until(due_ns(t_first, max(n_send - 1, 0), config.tok_s), config.spin_ns)
         if cut:
             self._hang_up()
             return 0

@@ -43,11 +43,11 @@ def due_ns(t_first_ns: int, k: int, tok_s: float) -> int:
     return t_first_ns + round(k * 1e9 / tok_s)
 
 
-def wait_until(deadline_ns: int) -> None:
-    """Sleep to about SPIN_NS before the deadline, then spin; never returns early."""
+def wait_until(deadline_ns: int, spin_ns: int = SPIN_NS) -> None:
+    """Sleep to about `spin_ns` before the deadline, then spin; never returns early."""
     remaining = deadline_ns - time.perf_counter_ns()
-    if remaining > SPIN_NS:
-        time.sleep((remaining - SPIN_NS) / 1e9)
+    if remaining > spin_ns:
+        time.sleep((remaining - spin_ns) / 1e9)
     while time.perf_counter_ns() < deadline_ns:
         pass
 
