@@ -25,7 +25,6 @@ from tokrecord.experiment.leg import CLOCK_SOURCE, LegResult, RowRecord
 from tokrecord.experiment.noise import legs_in_order, noise_diagnostic
 from tokrecord.experiment.plan import (
     Arm,
-    Design,
     DesignLeg,
     Plan,
     abba_pairs,
@@ -53,6 +52,7 @@ from tokrecord.experiment.sweep_sequential import sequential_sweep
 from tokrecord.gates import (
     CACHED_TOKENS_ZERO,
     CLEANUP,
+    CROSS_LEG_EXACT,
     FRESH_UNIQUE_PROMPTS,
     FULL_OUTPUT_THEN_NEXT,
     IDLE_AFTER,
@@ -156,7 +156,7 @@ def _leg_block(result: LegResult, attempts: int, facts: EvidenceFacts) -> dict[s
         "chunk_aware_tok_s": s.tok_s_out_chunk_aware,
         "quantisation_bound_pct": s.quantisation_bound_pct_max,
         **_speculative(e),
-        "teacher_exact": exact.count if exact and exact.status is not GateStatus.NOT_TESTED
+        TEACHER_EXACT: exact.count if exact and exact.status is not GateStatus.NOT_TESTED
         else "not tested",
         "teacher_exact_compared_by": _compared_by(exact),
         "valid": result.valid,
@@ -226,8 +226,7 @@ def abba_record(
         [figs[leg.name] for leg in gated],
         [figs[leg.name] for leg in design if not leg.treated], list(pairs.values()), quality_ok,
         plan.prior.value_tok_s, for_record, plan.verdict.require_faster_for_record,
-        claim=None if plan.design is not Design.AA
-        else "an A/A design measures the noise floor; it makes no speed claim",
+        claim=plan.design_spec.no_claim,
         found_label="verdict" if v1 else f"verdict at {100 * plan.record_confidence:g} % "
         "confidence", more_reasons=identity_reasons + sweep_reasons(swept),
         pairs_required=swept is None,
@@ -257,7 +256,7 @@ def abba_record(
             "each_prompt_run_once": all(_ok(r, ONE_SUITE_INVOCATION) and _ok(r, ZERO_RETRIES)
                                         for r in legs),
             "cached_tokens_all_zero": all(_ok(r, CACHED_TOKENS_ZERO) for r in legs),
-            "single_active_generation": all(_ok(r, SINGLE_ACTIVE_GENERATION) for r in legs),
+            SINGLE_ACTIVE_GENERATION: all(_ok(r, SINGLE_ACTIVE_GENERATION) for r in legs),
             "max_tokens": max((row.trace.n_tokens for row in first), default=None),
             "top_level_prompt_tokens_suite_median": _median_int([r.trace.prompt_tokens
                                                                  for r in first]),
@@ -273,12 +272,12 @@ def abba_record(
         "quality": {
             "all_legs_teacher_exact": _summed(legs, TEACHER_EXACT),
             "all_legs_cross_exact": cross.status is GateStatus.PASS,
-            "cross_leg_exact": cross.model_dump(mode="json"),
+            CROSS_LEG_EXACT: cross.model_dump(mode="json"),
             "all_legs_cached_zero": _summed(legs, CACHED_TOKENS_ZERO),
             "full_output_then_next_exact": _summed(legs, FULL_OUTPUT_THEN_NEXT),
             "long_then_next_exact": _summed(legs, LONG_CONTEXT_THEN_NEXT),
             "rollover_exact": _summed(legs, ROLLOVER),
-            "token_count_integrity": _summed(legs, TOKEN_COUNT_INTEGRITY),
+            TOKEN_COUNT_INTEGRITY: _summed(legs, TOKEN_COUNT_INTEGRITY),
             "cleanup_passed_all_legs": all(_ok(r, CLEANUP) for r in legs),
             "idle_before_and_after_all_legs": all(_ok(r, IDLE_BEFORE) and _ok(r, IDLE_AFTER)
                                                   for r in legs),
@@ -343,7 +342,7 @@ def sweep_section(plan: Plan, design: Sequence[DesignLeg], figs: Mapping[str, Le
     if plan.sweep is None:
         return None
     legs = [SweepLegInput(figures=figs[leg.name], block=leg.block,
-                          exact=_ok(results[leg.name], "teacher_exact")) for leg in design]
+                          exact=_ok(results[leg.name], TEACHER_EXACT)) for leg in design]
     looks = None
     if plan.sequential is not None:  # the analysis at the look where the rule stopped
         looks, analysis = sequential_sweep(
