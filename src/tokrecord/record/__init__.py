@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict
 
@@ -38,7 +38,6 @@ from tokrecord.experiment.stats import (
     leg_analysis,
     pair_result,
     paired_bootstrap,
-    pct_delta,
     record_gate,
 )
 from tokrecord.experiment.sweep import (
@@ -79,7 +78,7 @@ from tokrecord.record.exactness import artifact_entries
 # exactly as it was, so that records made before v2 verify.
 SCHEMA_ABBA = "tokrecord.experiment-record/v2"
 SCHEMA_ABBA_V1 = "tokrecord.experiment-record/v1"
-SCHEMA_SINGLE = "tokrecord.single-leg-record/v1"
+SCHEMA_SINGLE: Final = "tokrecord.single-leg-record/v1"
 
 
 class EvidenceFacts(BaseModel):
@@ -601,108 +600,3 @@ def accounting(plan: Plan, headline: LegResult) -> dict[str, Any]:
 def _ok(result: LegResult, gate: str) -> bool:
     g = _gate(result, gate)
     return g is not None and g.status is GateStatus.PASS
-
-
-def single_leg_record(
-    plan: Plan, result: LegResult, attempts: Sequence[Mapping[str, Any]], facts: EvidenceFacts
-) -> dict[str, Any]:
-    """The seeds/single-leg-record.json form: value, goal, prior approved, prior best."""
-    s, e = result.summary, result.engine
-    value = s.tok_s_out
-    prior = plan.prior
-    head = plan.headline.value
-
-    def delta(ref: float | None) -> tuple[float | None, float | None]:
-        if value is None or ref is None:
-            return None, None
-        return value - ref, pct_delta(value, ref)
-
-    d_prior, d_prior_pct = delta(prior.value_tok_s)
-    d_best, d_best_pct = delta(prior.best_exact_tok_s)
-    conv = s.tok_s_out_conventional
-    beats = value is not None and prior.value_tok_s is not None and value > prior.value_tok_s
-    identity_ok, identity_reasons = identity_across_legs(facts.leg_identity, [result.name])
-    blockers = identity_reasons + component_reasons(facts.components)
-    passed = result.valid and beats and not blockers
-    qualification = (
-        "" if head == "conventional" else
-        f"published {head} convention; conventional 99-interval value is {conv} tok/s"
-    )
-    return {
-        "schema": SCHEMA_SINGLE,
-        "date": facts.date,
-        "status": "record_pass" if passed else "no_record",
-        "plan_sha256": plan.sha256,
-        "metric": plan.metric,
-        "metric_accounting": {
-            "published_convention": head,
-            "published_formula": FORMULAS[plan.headline],
-            "published_value_tok_s": value,
-            "timestamped_events": 100,
-            "inter_token_intervals": 99,
-            "conventional_interval_formula": FORMULAS[Convention.CONVENTIONAL],
-            "conventional_interval_value_tok_s": conv,
-            "legacy_inclusive_events_value_tok_s": s.tok_s_out_legacy,
-            "chunk_aware_value_tok_s": s.tok_s_out_chunk_aware,
-            "quantisation_bound_pct": s.quantisation_bound_pct_max,
-            "clock": CLOCK_SOURCE,
-            "conventional_goal_tok_s": prior.goal_tok_s,
-            "conventional_margin_to_goal_tok_s": (conv - prior.goal_tok_s
-                                                  if conv is not None and prior.goal_tok_s
-                                                  else None),
-        },
-        "record": {
-            "value_tok_s": value,
-            "value_qualification": qualification,
-            "goal_tok_s": prior.goal_tok_s,
-            "margin_over_goal_tok_s": (value - prior.goal_tok_s
-                                       if value is not None and prior.goal_tok_s else None),
-            "prior_approved_tok_s": prior.value_tok_s,
-            "prior_approved_id": prior.id,
-            "delta_vs_approved_tok_s": d_prior,
-            "delta_vs_approved_pct": d_prior_pct,
-            "prior_best_exact_tok_s": prior.best_exact_tok_s,
-            "delta_vs_prior_best_exact_tok_s": d_best,
-            "delta_vs_prior_best_exact_pct": d_best_pct,
-        },
-        "summary": {
-            "tok_s_out": value,
-            "tok_s_out_p10": s.tok_s_out_p10,
-            "tok_s_out_mean": s.tok_s_out_mean,
-            "tok_s_out_stdev": s.tok_s_out_stdev,
-            "tok_s_full_after_ttft_median": s.tok_s_full_after_ttft_median,
-            "tok_s_wall_full_median": s.tok_s_wall_full_median,
-            "ttft_ms_median": s.ttft_ms_median,
-            **_speculative(e),
-        },
-        "quality": {g.name: {"status": g.status.value, "count": g.count, "reason": g.reason}
-                    for g in result.gates},
-        "valid": result.valid,
-        "record_blockers": blockers,
-        "identity_sha256": (facts.leg_identity.get(result.name) or {}).get("identity_sha256"),
-        "source_identity_passed": identity_ok,
-        "attempts": list(attempts),
-        "treatment": treatment_section(plan, result, facts),
-        "model": model_section(plan, facts),
-        "unchanged_record_stack": unchanged_stack(plan),
-        "prior_recheck": facts.prior_recheck,
-        "component_evidence": {c["name"]: c for c in facts.components},
-        "log_facts": log_facts({"B1": result}),
-        "server_log_facts": server_log_facts(result),
-        "graph": graph_facts(result),
-        "speculative": speculative_section(plan, facts),
-        "operational": operational({"B1": result}, {}),
-        "reproducibility": {**reproducibility(facts.root), **portable_entries(facts)},
-        "sha256": {**facts.evidence_sha256[result.name],
-                   "exactness": facts.documents_sha256.get(layout.ALL_VS_TEACHER),
-                   "identity": facts.identity.get("identity_sha256"),
-                   "model_release_manifest": facts.portable_sha256.get(layout.MODEL_MANIFEST),
-                   "runtime_lock": facts.portable_sha256.get(layout.RUNTIME_LOCK)},
-        "source": facts.identity,
-        "hardware": facts.hardware[result.name],
-        "telemetry": result.telemetry.model_dump(mode="json", by_alias=True)
-        if result.telemetry else None,
-        "artifacts": {"root": facts.root, "run_dir": result.run_dir,
-                      **artifact_entries(facts.documents_sha256)},
-        "submission": {},
-    }
