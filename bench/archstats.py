@@ -99,7 +99,7 @@ def _issue30(root: Path, funcs: list[tuple[int, str]]) -> None:
         tree = ast.parse(src)
         any_dicts += src.count("dict[str, Any]")
         noqa += src.count("noqa: E402")
-        if _DESIGN_BRANCH.search(src) and rel not in ("experiment/plan.py", "design.py"):
+        if _DESIGN_BRANCH.search(src) and rel not in ("experiment/plan.py", "experiment/design.py"):
             design_files.append(rel)
         names = sum(1 for n in ast.walk(tree) if isinstance(n, ast.Constant)
                     and isinstance(n.value, str) and n.value in _GATE_NAMES)

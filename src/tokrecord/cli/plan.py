@@ -185,7 +185,7 @@ def cost_cmd(
     for col in ("design", "effect", "FASTER", "NO DIFF", "UNDEC", "exp. legs", "exp. wall"):
         table.add_column(col, justify="right")
     for o in report.outcomes:
-        name = f"fixed {o.blocks}" if o.design == "fixed" else f"seq <= {o.blocks}"
+        name = o.design.label(o.blocks)
         table.add_row(name, f"+{o.effect_pct:g} %", f"{100 * o.p_faster:.1f} %",
                       f"{100 * o.p_no_difference:.1f} %", f"{100 * o.p_undecided:.1f} %",
                       f"{o.expected_legs:.1f}", _duration(o.expected_wall_s))

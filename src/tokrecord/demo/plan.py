@@ -18,7 +18,6 @@ from tokrecord.engines import Endpoint, EngineName
 from tokrecord.experiment.plan import (
     CURRENT_SEQUENTIAL_METHOD,
     Arm,
-    Design,
     NoisePlan,
     Plan,
     SequentialSpec,
@@ -78,7 +77,6 @@ def demo_plan(python: Path, model_dir: Path, *, rows: int | None = None,
     """The embedded ABBA: control plain, candidate ngram speculative decoding."""
     return Plan(
         name="demo-ngram-vs-plain",
-        design=Design.ABBA,
         server=ServerPlan(argv=tuple(embedded.vllm_argv(python)), model=str(model_dir),
                           served_model=embedded.SERVED_MODEL, env=embedded.ENGINE_ENV),
         arms={
@@ -205,7 +203,6 @@ def demo_plan_llamacpp(python: Path, target: Path, draft: Path, *, rows: int | N
     is the target's first layers, so it is right about every token and cheaper per token)."""
     return Plan(
         name="demo-llamacpp-draft-vs-plain",
-        design=Design.ABBA,
         blocks=blocks if sequential is None else 1,
         sequential=sequential,
         min_effect_pct=DEMO_MIN_EFFECT_PCT,
@@ -246,7 +243,7 @@ def demo_sweep_plan_llamacpp(python: Path, target: Path, draft: Path, *, rows: i
     common = ("--spec-draft-model", str(draft), "--spec-type", "draft-simple",
               "--spec-draft-threads", "1")
     return Plan.model_validate({
-        "name": "demo-llamacpp-draft-n-max-sweep", "design": Design.SWEEP, "blocks": blocks,
+        "name": "demo-llamacpp-draft-n-max-sweep", "design": "sweep", "blocks": blocks,
         "engine": EngineName.LLAMA_CPP, "endpoint": Endpoint.NATIVE,
         "server": ServerPlan(argv=tuple(xllamacpp.llama_server_argv(python)), model=str(target),
                              served_model=embedded.SERVED_MODEL, ready_timeout_s=120),

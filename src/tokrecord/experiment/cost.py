@@ -33,6 +33,7 @@ from scipy import stats as sps
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout, read_jsonl
+from tokrecord.experiment.design import Stopping
 from tokrecord.experiment.interim import abba_looks, look_blocks
 from tokrecord.experiment.plan import (
     CURRENT_SEQUENTIAL_METHOD,
@@ -70,7 +71,7 @@ class Outcome(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    design: str  # "fixed" or "sequential"
+    design: Stopping  # how the ABBA design stops: fixed or sequential
     effect_pct: float
     blocks: int  # the fixed design's blocks, or the sequential's max_blocks
     p_faster: float
@@ -135,7 +136,7 @@ def sequential_design(spec: SequentialSpec, confidence: float) -> tuple[list[int
                                                    spec.spending, spec.method_in_force))
 
 
-def outcome(design: str, blocks: int, looks: tuple[list[int], list[float]], effect_pct: float,
+def outcome(design: Stopping, blocks: int, looks: tuple[list[int], list[float]], effect_pct: float,
             noise: Noise, rows: int, equivalence_pct: float, cost: LegCost | None,
             trials: int = TRIALS) -> Outcome:
     f, s, nd, u, mean_blocks = simulate(effect_pct, noise, rows, looks[0], looks[1],
@@ -350,12 +351,12 @@ def cost_report(plan: Plan, noise: Noise, rows: int, cost: LegCost | None, max_r
     seq = sequential_design(seq_spec, conf)
     outcomes = []
     for e in (0.0, effect, 2 * effect):
-        outcomes.append(outcome("fixed", fixed_k, fixed, e, noise, rows, eq, cost, trials))
-        outcomes.append(outcome("sequential", seq_spec.max_blocks, seq, e, noise, rows, eq,
+        outcomes.append(outcome(Stopping.FIXED, fixed_k, fixed, e, noise, rows, eq, cost, trials))
+        outcomes.append(outcome(Stopping.SEQUENTIAL, seq_spec.max_blocks, seq, e, noise, rows, eq,
                                 cost, trials))
     warnings = []
-    mine = "sequential" if spec else "fixed"
-    at_min = next(o for o in outcomes if o.design == mine and o.effect_pct == effect)
+    mine = Stopping.SEQUENTIAL if spec else Stopping.FIXED
+    at_min = {(o.design, o.effect_pct): o for o in outcomes}[mine, effect]
     if at_min.p_undecided >= 0.5:
         warnings.append(
             f"this plan will probably end UNDECIDED: at +{effect:g} % its {mine} design "

@@ -13,7 +13,7 @@ import re
 import tomllib
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, NamedTuple, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -37,6 +37,11 @@ from tokrecord.engines import (
 )
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import canonical_json
+from tokrecord.experiment.design import Design as Design
+from tokrecord.experiment.design import DesignLeg as DesignLeg
+from tokrecord.experiment.design import DesignSpec, PlannedLeg, design_spec
+from tokrecord.experiment.design import abba_design as abba_design
+from tokrecord.experiment.design import abba_pairs as abba_pairs
 from tokrecord.gates import GateConfig, LogRule
 from tokrecord.identity import IdentitySpec
 from tokrecord.metrics import Convention
@@ -45,42 +50,11 @@ from tokrecord.metrics.logfacts import LogExtractor
 from tokrecord.probes.idle import IdleCriteria
 from tokrecord.probes.telemetry import TelemetryConfig
 
+# Design, DesignLeg, abba_design and abba_pairs live with the design specs
+# (experiment.design) and are imported above under their own names, so the plan's readers
+# keep importing them from here.
 SCHEMA_PLAN: Final = "tokrecord.plan/v1"
 ArmName = Literal["control", "candidate"]
-
-
-class Design(StrEnum):
-    SINGLE = "single"
-    ABBA = "abba"
-    AA = "aa"  # the same arm in every leg, in ABBA positions: the machine's noise floor
-    SWEEP = "sweep"  # every arm of a [sweep] once per block, Williams-balanced
-
-
-class DesignLeg(NamedTuple):
-    name: str  # A1 B1 B2 A2 B3 A3 A4 B4 ...
-    block: int  # 1-based
-    treated: bool  # in a B position
-
-
-def abba_design(blocks: int) -> tuple[DesignLeg, ...]:
-    """k counterbalanced blocks: ABBA, BAAB, ABBA, ... Block b holds the legs numbered
-    2b-1 and 2b of each letter, so its pairs are B(2b-1) vs A(2b-1) and B(2b) vs A(2b);
-    within a block a linear drift is orthogonal to the treatment."""
-    legs = []
-    for b in range(1, blocks + 1):
-        pattern = "ABBA" if b % 2 else "BAAB"
-        seen = {"A": 0, "B": 0}
-        for letter in pattern:
-            number = 2 * b - 1 + seen[letter]
-            seen[letter] += 1
-            legs.append(DesignLeg(f"{letter}{number}", b, letter == "B"))
-    return tuple(legs)
-
-
-def abba_pairs(blocks: int) -> tuple[tuple[str, str], ...]:
-    """(candidate leg, control leg) pairs, in block order: B1 vs A1, B2 vs A2, B3 vs A3..."""
-    return tuple((f"B{n}", f"A{n}") for n in range(1, 2 * blocks + 1))
-
 
 
 class _Strict(BaseModel):
@@ -460,36 +434,30 @@ class Plan(_Strict):
         return self.sequential.max_blocks if self.sequential is not None else self.blocks
 
     @property
+    def design_spec(self) -> DesignSpec:
+        """What this plan's design means (experiment.design)."""
+        return design_spec(self.design)
+
+    @property
+    def planned_legs(self) -> tuple[PlannedLeg, ...]:
+        """Every leg the design may run, in design order, with its arm. An A/A plan's one
+        arm runs in every position; a sweep's arms run in the sweep design's Williams order."""
+        return self.design_spec.legs(tuple(self.all_arms), self.control_arm, self.max_blocks)
+
+    @property
     def design_legs(self) -> tuple[DesignLeg, ...]:
-        if self.sweep is not None:  # treated: any arm but the control
-            return tuple(DesignLeg(name, int(name[1:]), arm != self.control_arm)
-                         for name, arm in self.legs)
-        if self.design is Design.SINGLE:
-            return (DesignLeg("B1", 1, True),)
-        return abba_design(self.max_blocks)
+        return tuple(DesignLeg(leg.name, leg.block, leg.treated) for leg in self.planned_legs)
 
     @property
     def legs(self) -> tuple[tuple[str, str], ...]:
-        """(leg name, arm) in design order. An A/A plan's one arm runs in every position;
-        a sweep's arms run in the sweep design's Williams order."""
-        if self.sweep is not None:
-            # The sweep design module reads stats, which reads this module's models.
-            from tokrecord.experiment.sweep import sweep_design
-            return tuple((leg.name, leg.arm)
-                         for leg in sweep_design(tuple(self.all_arms), self.max_blocks))
-        if self.design is Design.AA:
-            only = next(iter(self.arms))
-            return tuple((leg.name, only) for leg in self.design_legs)
-        return tuple((leg.name, "candidate" if leg.treated else "control")
-                     for leg in self.design_legs)
+        """(leg name, arm) in design order."""
+        return tuple((leg.name, leg.arm) for leg in self.planned_legs)
 
     @property
     def pairs(self) -> tuple[tuple[str, str], ...]:
         """(candidate-position leg, control-position leg); none for a single leg or a sweep
         (whose arms are compared in one fit, experiment.sweep)."""
-        if self.design in (Design.SINGLE, Design.SWEEP):
-            return ()
-        return abba_pairs(self.max_blocks)
+        return self.design_spec.pairs(self.max_blocks)
 
     def canonical(self) -> bytes:
         # Sections added after plans were first sealed are left out while they hold

@@ -18,7 +18,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict
 
 from tokrecord.errors import ConfigError
-from tokrecord.experiment.plan import Design, Plan, abba_design
+from tokrecord.experiment.plan import Plan, abba_design
 from tokrecord.experiment.stats import (
     Noise,
     VerdictAnalysis,
@@ -184,6 +184,6 @@ def plan_noise(plan: Plan, source: str, records: Sequence[Path] = (),
 
 
 def check_powerable(plan: Plan) -> None:
-    if plan.design is Design.SINGLE:
+    if not plan.design_spec.has_verdict:
         raise ConfigError("a single-leg plan has no verdict, so no power: use design "
                           "'abba' (or 'aa' to measure the noise floor)")

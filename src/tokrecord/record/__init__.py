@@ -10,25 +10,20 @@ included so the record points at exactly what it was computed from.
 
 from __future__ import annotations
 
-import json
-import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict
 
-from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout
 from tokrecord.evidence.redact import redact_argv, redact_env
-from tokrecord.experiment.interim import leg_figures, sequential_analysis
-from tokrecord.experiment.leg import CLOCK_SOURCE, LegResult, RowRecord
+from tokrecord.experiment.interim import sequential_analysis
+from tokrecord.experiment.leg import CLOCK_SOURCE, LegResult
 from tokrecord.experiment.noise import legs_in_order, noise_diagnostic
 from tokrecord.experiment.plan import (
     Arm,
-    Design,
     DesignLeg,
     Plan,
-    abba_pairs,
     speculative_configs,
 )
 from tokrecord.experiment.sequential import SequentialAnalysis
@@ -36,11 +31,6 @@ from tokrecord.experiment.stats import (
     AnalysisLeg,
     LegFigures,
     Verdict,
-    leg_analysis,
-    pair_result,
-    paired_bootstrap,
-    pct_delta,
-    record_gate,
 )
 from tokrecord.experiment.sweep import (
     SWEEP_METHOD,
@@ -51,35 +41,19 @@ from tokrecord.experiment.sweep import (
 )
 from tokrecord.experiment.sweep_sequential import sequential_sweep
 from tokrecord.gates import (
-    CACHED_TOKENS_ZERO,
-    CLEANUP,
-    FRESH_UNIQUE_PROMPTS,
-    FULL_OUTPUT_THEN_NEXT,
-    IDLE_AFTER,
-    IDLE_BEFORE,
-    LONG_CONTEXT_THEN_NEXT,
-    ONE_SUITE_INVOCATION,
-    ROLLOVER,
-    SINGLE_ACTIVE_GENERATION,
     TEACHER_EXACT,
-    TOKEN_COUNT_INTEGRITY,
     TREATMENT_ATTESTATION,
-    ZERO_RETRIES,
     GateResult,
     GateStatus,
-    RowOutcome,
-    compared_by_phrase,
-    cross_leg_exact,
 )
-from tokrecord.metrics import FORMULAS, Convention, EngineCounters, SpeculativeCounters
-from tokrecord.record.exactness import artifact_entries
+from tokrecord.metrics import FORMULAS, Convention
 
 # v2: k blocks, the A/A design, the leg-level verdict (`verdict_analysis`) and the
 # preregistered power. v1 (one ABBA block, the paired bootstrap) is still built
 # exactly as it was, so that records made before v2 verify.
-SCHEMA_ABBA = "tokrecord.experiment-record/v2"
-SCHEMA_ABBA_V1 = "tokrecord.experiment-record/v1"
-SCHEMA_SINGLE = "tokrecord.single-leg-record/v1"
+SCHEMA_ABBA: Final = "tokrecord.experiment-record/v2"
+SCHEMA_ABBA_V1: Final = "tokrecord.experiment-record/v1"
+SCHEMA_SINGLE: Final = "tokrecord.single-leg-record/v1"
 
 
 class EvidenceFacts(BaseModel):
@@ -106,233 +80,8 @@ class EvidenceFacts(BaseModel):
     prior_recheck: dict[str, Any] | None = None
 
 
-
 def _gate(result: LegResult, name: str) -> GateResult | None:
     return next((g for g in result.gates if g.name == name), None)
-
-
-def _compared_by(gate: GateResult | None) -> str | None:
-    """How a leg's teacher-exact rows were compared, in words (None: not tested)."""
-    if gate is None or gate.status is GateStatus.NOT_TESTED or gate.count is None:
-        return None
-    rows = gate.count.split("/")[-1]
-    return compared_by_phrase(gate.evidence, int(rows)) if rows.isdigit() else None
-
-
-def _summed(results: Sequence[LegResult], name: str) -> str:
-    """'52/52' over legs; 'not tested' when no leg tested it; a failing leg shows in the count."""
-    ok = total = 0
-    tested = False
-    for r in results:
-        g = _gate(r, name)
-        if g is None or g.status is GateStatus.NOT_TESTED or not g.count or "/" not in g.count:
-            continue
-        tested = True
-        a, b = g.count.split("/")
-        ok, total = ok + int(a), total + int(b)
-    return f"{ok}/{total}" if tested else "not tested"
-
-
-def _speculative(e: EngineCounters | None) -> dict[str, Any]:
-    """Engine counter deltas under the seeds' names (None where not exposed)."""
-    return {name: getattr(e, name) if e else None for name in SpeculativeCounters.model_fields}
-
-
-def _leg_block(result: LegResult, attempts: int, facts: EvidenceFacts) -> dict[str, Any]:
-    s, e = result.summary, result.engine
-    exact = _gate(result, TEACHER_EXACT)
-    return {
-        "treatment": result.arm,
-        "attempts": attempts,
-        "headline_tok_s": s.tok_s_out,
-        "p10_tok_s": s.tok_s_out_p10,
-        "mean_tok_s": s.tok_s_out_mean,
-        "stdev_tok_s": s.tok_s_out_stdev,
-        "full_after_ttft_median_tok_s": s.tok_s_full_after_ttft_median,
-        "wall_full_median_tok_s": s.tok_s_wall_full_median,
-        "ttft_median_ms": s.ttft_ms_median,
-        "conventional_tok_s": s.tok_s_out_conventional,
-        "legacy_inclusive_events_tok_s": s.tok_s_out_legacy,
-        "chunk_aware_tok_s": s.tok_s_out_chunk_aware,
-        "quantisation_bound_pct": s.quantisation_bound_pct_max,
-        **_speculative(e),
-        "teacher_exact": exact.count if exact and exact.status is not GateStatus.NOT_TESTED
-        else "not tested",
-        "teacher_exact_compared_by": _compared_by(exact),
-        "valid": result.valid,
-        "gates": {g.name: {"status": g.status.value, "count": g.count} for g in result.gates},
-        "warnings": list(s.warnings),
-        "telemetry": result.telemetry.model_dump(mode="json", by_alias=True)
-        if result.telemetry else None,
-        "evidence_sha256": facts.evidence_sha256[result.name],
-        "run_dir": result.run_dir,
-    }
-
-
-def _median_int(values: Sequence[int | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return float(statistics.median(vals)) if vals else None
-
-
-def abba_record(
-    plan: Plan,
-    results: Mapping[str, LegResult],
-    rows: Mapping[str, Sequence[RowRecord]],
-    outcomes: Mapping[str, Sequence[RowOutcome]],
-    attempts: Sequence[Mapping[str, Any]],
-    idle_gaps: Mapping[str, float],
-    facts: EvidenceFacts,
-    power: Mapping[str, Any] | None = None,
-    schema: str = SCHEMA_ABBA,
-    sweep_method: str | None = None,
-) -> dict[str, Any]:
-    """An ABBA or A/A experiment's record, in the form `schema` names (v2 unless an
-    older record is being recomputed); a sweep's by `sweep_method` when an older sweep
-    record is recomputed (experiment.sweep.SWEEP_METHOD_TWO_SIDED)."""
-    if schema not in (SCHEMA_ABBA, SCHEMA_ABBA_V1):
-        raise ConfigError(f"unknown experiment record schema {schema!r}")
-    v1 = schema == SCHEMA_ABBA_V1
-    # A sequential plan runs the blocks its stopping rule asked for: the legs given.
-    design = tuple(leg for leg in plan.design_legs if leg.name in results)
-    figs = {name: leg_figures(results[name], rows[name]) for name in results}
-    pair_names = abba_pairs(1) if v1 else tuple(p for p in plan.pairs if set(p) <= set(results))
-    pairs = {f"{c}_vs_{a}": pair_result(figs[c], figs[a], plan.criteria) for c, a in pair_names}
-    boot = paired_bootstrap([(figs[c], figs[a]) for c, a in pair_names], plan.verdict) if v1 \
-        else None
-    analysis = None if v1 or plan.sweep is not None else leg_analysis(
-        [AnalysisLeg(figures=figs[leg.name], block=leg.block, treated=leg.treated)
-         for leg in design], plan.verdict.confidence, plan.verdict.equivalence_pct,
-        plan.record_confidence)
-    found = boot.verdict if boot else analysis.verdict if analysis else Verdict.UNDECIDED
-    # v2: a record needs FASTER at the record's own (higher) confidence.
-    for_record = boot.verdict if boot else analysis.record_verdict if analysis else None
-    seq = sequential_section(plan, design, figs)
-    if seq is not None:  # the stopping rule's interval, valid after optional stopping
-        found, for_record = seq.verdict, seq.record_verdict
-    swept = sweep_section(plan, design, figs, results, sweep_method)
-    if swept is not None:  # the best arm's, against control, family-wise
-        found, for_record = sweep_verdicts(swept)
-    # A sweep's record is the best arm's: its legs are the candidates the gate reads.
-    gated = [leg for leg in design if leg.treated
-             and (swept is None or results[leg.name].arm == swept.gate.chosen)]
-    cross = cross_leg_exact({name: outcomes[name] for name in results})
-    legs = list(results.values())
-    all_valid = all(r.valid for r in legs)
-    quality_ok = all_valid and cross.status is GateStatus.PASS
-    identity_ok, identity_reasons = identity_across_legs(facts.leg_identity, list(results))
-    if not v1:
-        identity_reasons += component_reasons(facts.components)
-    gate = record_gate(
-        [figs[leg.name] for leg in gated],
-        [figs[leg.name] for leg in design if not leg.treated], list(pairs.values()), quality_ok,
-        plan.prior.value_tok_s, for_record, plan.verdict.require_faster_for_record,
-        claim=None if plan.design is not Design.AA
-        else "an A/A design measures the noise floor; it makes no speed claim",
-        found_label="verdict" if v1 else f"verdict at {100 * plan.record_confidence:g} % "
-        "confidence", more_reasons=identity_reasons + sweep_reasons(swept),
-        pairs_required=swept is None,
-    )
-    first = rows[design[0].name]
-    # A sweep's headline is its best arm's (every non-control arm's when none is claimed).
-    candidates = [results[leg.name] for leg in gated or [g for g in design if g.treated]]
-    hw = facts.hardware
-    tries = {name: sum(1 for a in attempts if a.get("leg") == name) for name in results}
-    out: dict[str, Any] = {
-        "schema": schema,
-        "experiment": plan.name,
-        "date": facts.date,
-        "status": "strict_preregistered_record_pass" if gate.strict_preregistered_record_pass
-        else "no_record",
-        "plan_sha256": plan.sha256,
-        "prior_approved_record": {"id": plan.prior.id, "tok_s": plan.prior.value_tok_s},
-        "treatment": {name: _redacted_arm(arm) for name, arm in plan.all_arms.items()},
-        "protocol": {
-            "order": [f"{name}-{arm}" for name, arm in plan.legs if name in results],
-            "fresh_service_per_leg": True,
-            "idle_gap_seconds_minimum": plan.idle_gap_s,
-            "idle_gap_seconds_measured": dict(idle_gaps),
-            "generation_warmup": "none",
-            "prompt_count_per_leg": len(first),
-            "prompts_unique_per_leg": all(_ok(r, FRESH_UNIQUE_PROMPTS) for r in legs),
-            "each_prompt_run_once": all(_ok(r, ONE_SUITE_INVOCATION) and _ok(r, ZERO_RETRIES)
-                                        for r in legs),
-            "cached_tokens_all_zero": all(_ok(r, CACHED_TOKENS_ZERO) for r in legs),
-            "single_active_generation": all(_ok(r, SINGLE_ACTIVE_GENERATION) for r in legs),
-            "max_tokens": max((row.trace.n_tokens for row in first), default=None),
-            "top_level_prompt_tokens_suite_median": _median_int([r.trace.prompt_tokens
-                                                                 for r in first]),
-            "top_level_output_tokens_suite_median": _median_int([r.trace.n_tokens for r in first]),
-            "metric": plan.metric,
-            "headline_convention": plan.headline.value,
-            "headline_formula": FORMULAS[plan.headline],
-            "fifth_run_permitted": False,
-        },
-        "runs": {name: _leg_block(results[name], tries[name], facts) for name in results},
-        "attempts": list(attempts),
-        "pair_results": {k: v.model_dump(mode="json") for k, v in pairs.items()},
-        "quality": {
-            "all_legs_teacher_exact": _summed(legs, TEACHER_EXACT),
-            "all_legs_cross_exact": cross.status is GateStatus.PASS,
-            "cross_leg_exact": cross.model_dump(mode="json"),
-            "all_legs_cached_zero": _summed(legs, CACHED_TOKENS_ZERO),
-            "full_output_then_next_exact": _summed(legs, FULL_OUTPUT_THEN_NEXT),
-            "long_then_next_exact": _summed(legs, LONG_CONTEXT_THEN_NEXT),
-            "rollover_exact": _summed(legs, ROLLOVER),
-            "token_count_integrity": _summed(legs, TOKEN_COUNT_INTEGRITY),
-            "cleanup_passed_all_legs": all(_ok(r, CLEANUP) for r in legs),
-            "idle_before_and_after_all_legs": all(_ok(r, IDLE_BEFORE) and _ok(r, IDLE_AFTER)
-                                                  for r in legs),
-            "same_hardware_all_legs": len({json.dumps(h, sort_keys=True)
-                                           for h in hw.values()}) == 1,
-            "all_legs_valid": all_valid,
-            "retries": sum(max(0, n - 1) for n in tries.values()),
-            "full_abba_causal_pass": quality_ok and gate.pairs_passed,
-        },
-        "bootstrap": boot.model_dump(mode="json") if boot else None,
-        "verdict": found.value,
-        "record_gate": gate.model_dump(mode="json"),
-        "metric_accounting": accounting(
-            plan, min(candidates,
-                      key=lambda r: r.summary.tok_s_out if r.summary.tok_s_out is not None
-                      else float("inf"))),
-        "log_facts": log_facts(results),
-        "operational": operational(results, idle_gaps),
-        "reproducibility": reproducibility(facts.root),
-        "source": facts.identity,
-        "hardware": hw[design[0].name],
-        "artifacts": {"root": facts.root},
-        "submission": {},
-    }
-    if v1:
-        return out
-    del out["bootstrap"]
-    out["protocol"] = {**out["protocol"], "design": plan.design.value,
-                       "blocks": len({leg.block for leg in design}),
-                       "pairs": [f"{c}_vs_{a}" for c, a in pair_names]}
-    out["protocol"]["max_blocks"] = plan.max_blocks
-    out["sequential"] = seq.model_dump(mode="json") if seq is not None else None
-    out["treatment"] = {name: _redacted_arm(arm) for name, arm in plan.all_arms.items()}
-    out["sweep"] = swept.model_dump(mode="json", exclude=(
-        {"sequential"} if swept.sequential is None else None)) if swept is not None else None
-    out["verdict_analysis"] = analysis.model_dump(mode="json") if analysis else None
-    out["power"] = dict(power) if power is not None else None
-    out["server_log_facts"] = {name: server_log_facts(r) for name, r in results.items()}
-    out["speculative"] = speculative_section(plan, facts)
-    out["quality"]["source_identity_passed_all_legs"] = identity_ok
-    for name, block in out["runs"].items():
-        block["identity_sha256"] = (facts.leg_identity.get(name) or {}).get("identity_sha256")
-    out["component_evidence"] = {c["name"]: c for c in facts.components}
-    out["model"] = model_section(plan, facts)
-    out["unchanged_record_stack"] = unchanged_stack(plan)
-    out["prior_recheck"] = facts.prior_recheck
-    out["noise_diagnostic"] = noise_section(plan, results)
-    p = out["protocol"]
-    p["prefix_history_response_reuse"] = not (p["prompts_unique_per_leg"]
-                                              and p["each_prompt_run_once"]
-                                              and p["cached_tokens_all_zero"])
-    out["artifacts"] = {**out["artifacts"], **artifact_entries(facts.documents_sha256)}
-    out["reproducibility"] = {**out["reproducibility"], **portable_entries(facts)}
-    return out
 
 
 def sweep_section(plan: Plan, design: Sequence[DesignLeg], figs: Mapping[str, LegFigures],
@@ -343,7 +92,7 @@ def sweep_section(plan: Plan, design: Sequence[DesignLeg], figs: Mapping[str, Le
     if plan.sweep is None:
         return None
     legs = [SweepLegInput(figures=figs[leg.name], block=leg.block,
-                          exact=_ok(results[leg.name], "teacher_exact")) for leg in design]
+                          exact=_ok(results[leg.name], TEACHER_EXACT)) for leg in design]
     looks = None
     if plan.sequential is not None:  # the analysis at the look where the rule stopped
         looks, analysis = sequential_sweep(
@@ -602,108 +351,3 @@ def accounting(plan: Plan, headline: LegResult) -> dict[str, Any]:
 def _ok(result: LegResult, gate: str) -> bool:
     g = _gate(result, gate)
     return g is not None and g.status is GateStatus.PASS
-
-
-def single_leg_record(
-    plan: Plan, result: LegResult, attempts: Sequence[Mapping[str, Any]], facts: EvidenceFacts
-) -> dict[str, Any]:
-    """The seeds/single-leg-record.json form: value, goal, prior approved, prior best."""
-    s, e = result.summary, result.engine
-    value = s.tok_s_out
-    prior = plan.prior
-    head = plan.headline.value
-
-    def delta(ref: float | None) -> tuple[float | None, float | None]:
-        if value is None or ref is None:
-            return None, None
-        return value - ref, pct_delta(value, ref)
-
-    d_prior, d_prior_pct = delta(prior.value_tok_s)
-    d_best, d_best_pct = delta(prior.best_exact_tok_s)
-    conv = s.tok_s_out_conventional
-    beats = value is not None and prior.value_tok_s is not None and value > prior.value_tok_s
-    identity_ok, identity_reasons = identity_across_legs(facts.leg_identity, [result.name])
-    blockers = identity_reasons + component_reasons(facts.components)
-    passed = result.valid and beats and not blockers
-    qualification = (
-        "" if head == "conventional" else
-        f"published {head} convention; conventional 99-interval value is {conv} tok/s"
-    )
-    return {
-        "schema": SCHEMA_SINGLE,
-        "date": facts.date,
-        "status": "record_pass" if passed else "no_record",
-        "plan_sha256": plan.sha256,
-        "metric": plan.metric,
-        "metric_accounting": {
-            "published_convention": head,
-            "published_formula": FORMULAS[plan.headline],
-            "published_value_tok_s": value,
-            "timestamped_events": 100,
-            "inter_token_intervals": 99,
-            "conventional_interval_formula": FORMULAS[Convention.CONVENTIONAL],
-            "conventional_interval_value_tok_s": conv,
-            "legacy_inclusive_events_value_tok_s": s.tok_s_out_legacy,
-            "chunk_aware_value_tok_s": s.tok_s_out_chunk_aware,
-            "quantisation_bound_pct": s.quantisation_bound_pct_max,
-            "clock": CLOCK_SOURCE,
-            "conventional_goal_tok_s": prior.goal_tok_s,
-            "conventional_margin_to_goal_tok_s": (conv - prior.goal_tok_s
-                                                  if conv is not None and prior.goal_tok_s
-                                                  else None),
-        },
-        "record": {
-            "value_tok_s": value,
-            "value_qualification": qualification,
-            "goal_tok_s": prior.goal_tok_s,
-            "margin_over_goal_tok_s": (value - prior.goal_tok_s
-                                       if value is not None and prior.goal_tok_s else None),
-            "prior_approved_tok_s": prior.value_tok_s,
-            "prior_approved_id": prior.id,
-            "delta_vs_approved_tok_s": d_prior,
-            "delta_vs_approved_pct": d_prior_pct,
-            "prior_best_exact_tok_s": prior.best_exact_tok_s,
-            "delta_vs_prior_best_exact_tok_s": d_best,
-            "delta_vs_prior_best_exact_pct": d_best_pct,
-        },
-        "summary": {
-            "tok_s_out": value,
-            "tok_s_out_p10": s.tok_s_out_p10,
-            "tok_s_out_mean": s.tok_s_out_mean,
-            "tok_s_out_stdev": s.tok_s_out_stdev,
-            "tok_s_full_after_ttft_median": s.tok_s_full_after_ttft_median,
-            "tok_s_wall_full_median": s.tok_s_wall_full_median,
-            "ttft_ms_median": s.ttft_ms_median,
-            **_speculative(e),
-        },
-        "quality": {g.name: {"status": g.status.value, "count": g.count, "reason": g.reason}
-                    for g in result.gates},
-        "valid": result.valid,
-        "record_blockers": blockers,
-        "identity_sha256": (facts.leg_identity.get(result.name) or {}).get("identity_sha256"),
-        "source_identity_passed": identity_ok,
-        "attempts": list(attempts),
-        "treatment": treatment_section(plan, result, facts),
-        "model": model_section(plan, facts),
-        "unchanged_record_stack": unchanged_stack(plan),
-        "prior_recheck": facts.prior_recheck,
-        "component_evidence": {c["name"]: c for c in facts.components},
-        "log_facts": log_facts({"B1": result}),
-        "server_log_facts": server_log_facts(result),
-        "graph": graph_facts(result),
-        "speculative": speculative_section(plan, facts),
-        "operational": operational({"B1": result}, {}),
-        "reproducibility": {**reproducibility(facts.root), **portable_entries(facts)},
-        "sha256": {**facts.evidence_sha256[result.name],
-                   "exactness": facts.documents_sha256.get(layout.ALL_VS_TEACHER),
-                   "identity": facts.identity.get("identity_sha256"),
-                   "model_release_manifest": facts.portable_sha256.get(layout.MODEL_MANIFEST),
-                   "runtime_lock": facts.portable_sha256.get(layout.RUNTIME_LOCK)},
-        "source": facts.identity,
-        "hardware": facts.hardware[result.name],
-        "telemetry": result.telemetry.model_dump(mode="json", by_alias=True)
-        if result.telemetry else None,
-        "artifacts": {"root": facts.root, "run_dir": result.run_dir,
-                      **artifact_entries(facts.documents_sha256)},
-        "submission": {},
-    }

@@ -19,8 +19,9 @@ from tokrecord.evidence import canonical_json, layout, write_exclusive
 from tokrecord.evidence.seal import MANIFEST_NAME, SigningKey, load_or_create_key, seal
 from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.experiment.components import sealed_component_evidence
+from tokrecord.experiment.design import RecordForm
 from tokrecord.experiment.leg import LegResult, RowRecord, load_rows, outcomes, rows_rule
-from tokrecord.experiment.plan import Design, Plan
+from tokrecord.experiment.plan import Plan
 from tokrecord.experiment.prior_check import prior_record_fields
 from tokrecord.experiment.runner import (
     attempts_log,
@@ -34,9 +35,11 @@ from tokrecord.experiment.runner import (
 from tokrecord.gates import EXACTNESS_RULE, RowOutcome
 from tokrecord.gates.teacher import Teacher, load_teacher
 from tokrecord.identity import sha256_file
-from tokrecord.record import SCHEMA_ABBA, EvidenceFacts, abba_record, single_leg_record
+from tokrecord.record import SCHEMA_ABBA, EvidenceFacts
+from tokrecord.record.abba import abba_record
 from tokrecord.record.exactness import document_hashes, exactness_documents, stated_hashes
 from tokrecord.record.schema import validate_record
+from tokrecord.record.single import single_leg_record
 
 
 def build_record(plan: Plan, exp_dir: Path, results: Mapping[str, LegResult],
@@ -49,7 +52,7 @@ def build_record(plan: Plan, exp_dir: Path, results: Mapping[str, LegResult],
     rows, outs = leg_outcomes(plan, run_dirs)
     docs = _documents(plan, exp_dir, run_dirs, outs)
     facts = evidence_facts(exp_dir, results, plan, document_hashes(docs))
-    if plan.design is Design.SINGLE:
+    if plan.design_spec.record_form is RecordForm.SINGLE_LEG:
         return single_leg_record(plan, results["B1"], tries, facts)
     power_path = exp_dir / layout.POWER
     power = json.loads(power_path.read_text(encoding="utf-8")) if power_path.exists() else None
@@ -84,7 +87,7 @@ def _documents(plan: Plan, exp_dir: Path, run_dirs: Mapping[str, tuple[Path, str
     # The documents follow the rule the legs were recorded by (rows v1 or v2).
     rule = min((rows_rule(d) for d, _ in run_dirs.values()), default=EXACTNESS_RULE)
     return exactness_documents(outs, canonical_teacher(exp_dir, run_dirs),
-                               cross=plan.design is not Design.SINGLE, rule=rule)
+                               cross=plan.design_spec.several_legs, rule=rule)
 
 
 def _write_documents(exp_dir: Path, record: Mapping[str, Any]) -> None:

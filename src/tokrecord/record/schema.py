@@ -44,6 +44,7 @@ from pydantic_core import ErrorDetails
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import read_json
+from tokrecord.experiment.design import DesignSpec, design_spec
 from tokrecord.experiment.noise import NoiseDiagnostic
 from tokrecord.experiment.plan import SWEEP_ARM_NAME, Arm, ArmName
 from tokrecord.experiment.power import PowerReport
@@ -56,7 +57,7 @@ from tokrecord.experiment.stats import (
     VerdictAnalysis,
 )
 from tokrecord.experiment.sweep import SweepSection
-from tokrecord.gates import GateResult, GateStatus
+from tokrecord.gates import SINGLE_ACTIVE_GENERATION, GateResult, GateStatus
 from tokrecord.metrics import Convention, SpeculativeCounters
 from tokrecord.probes.telemetry import TelemetrySummary
 from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE, migrate
@@ -228,6 +229,15 @@ class AbbaProtocol(_Section):
     def idle_gap(self, leg: str) -> float | None:
         """The idle gap measured before a leg; None before the first."""
         return next((s for name, s in self.idle_gap_seconds_measured.items() if name == leg), None)
+
+    def named_pairs(self) -> list[str]:
+        """The pairs the protocol names, in block order: none in v1 (its pair_results
+        keep run order)."""
+        return []
+
+    def most_blocks(self) -> int | None:
+        """A sequential plan's most blocks; None where the protocol names none (v1)."""
+        return None
 
 
 class Accelerator(_Section):
@@ -427,6 +437,43 @@ class ExperimentRecord(_ExperimentCommon):
     def pairs_by_name(self) -> dict[str, PairResult]:
         return dict(self.pair_results)
 
+    # What readers ask of every record form (see _ReaderView). v1 ran one design, one
+    # ABBA block, and named none; the sections v2 added are absent from it.
+    def design_spec(self) -> DesignSpec:
+        return design_spec("abba")
+
+    def named_design(self) -> tuple[str | None, int | None]:
+        return None, None
+
+    def arm_names(self) -> list[str]:
+        return sorted(dict(self.treatment))
+
+    def leg_dirs(self) -> list[tuple[str, str | None, float | None]]:
+        return _leg_dirs(self.protocol, self.runs_by_name())
+
+    def shows_single_active(self) -> bool:
+        return self.protocol.single_active_generation is True
+
+    @property
+    def verdict_analysis(self) -> None:
+        return None
+
+    @property
+    def power(self) -> None:
+        return None
+
+    @property
+    def sequential(self) -> None:
+        return None
+
+    @property
+    def sweep(self) -> None:
+        return None
+
+    @property
+    def noise_diagnostic(self) -> None:
+        return None
+
 
 # -- tokrecord.experiment-record/v2 -------------------------------------------------------
 
@@ -442,6 +489,12 @@ class AbbaProtocolV2(AbbaProtocol):
     max_blocks: int | None = Field(default=None, ge=1)
     # True when any prompt was repeated, run twice or served from a cache.
     prefix_history_response_reuse: bool | None = None
+
+    def named_pairs(self) -> list[str]:
+        return list(self.pairs)
+
+    def most_blocks(self) -> int | None:
+        return self.max_blocks
 
 
 class LogFactFound(_Section):
@@ -572,6 +625,27 @@ class ExperimentRecordV2(_ExperimentCommon):
     def pairs_by_name(self) -> dict[str, PairResult]:
         return self.pair_results
 
+    # What readers ask of every record form (see _ReaderView).
+    def design_spec(self) -> DesignSpec:
+        return design_spec(self.protocol.design)
+
+    def named_design(self) -> tuple[str | None, int | None]:
+        return self.protocol.design, self.protocol.blocks
+
+    def arm_names(self) -> list[str]:
+        return sorted(self.treatment)
+
+    def leg_dirs(self) -> list[tuple[str, str | None, float | None]]:
+        return _leg_dirs(self.protocol, self.runs)
+
+    def shows_single_active(self) -> bool:
+        return self.protocol.single_active_generation is True
+
+    @property
+    def bootstrap(self) -> None:
+        """v2's verdict is verdict_analysis (leg-level); v1's paired bootstrap is gone."""
+        return None
+
 
 # -- tokrecord.single-leg-record/v1 -------------------------------------------------------
 
@@ -653,7 +727,66 @@ class SingleLegRecord(_Record):
     artifacts: SingleArtifacts
     submission: Empty
 
+    # What readers ask of every record form (see _ReaderView): one leg of the candidate
+    # arm, no verdict and no record gate of the experiment kind.
+    def design_spec(self) -> DesignSpec:
+        return design_spec("single")
 
+    def named_design(self) -> tuple[str | None, int | None]:
+        return None, None
+
+    def arm_names(self) -> list[str]:
+        return ["candidate"]
+
+    def leg_dirs(self) -> list[tuple[str, str | None, float | None]]:
+        return [("B1", self.artifacts.run_dir, None)]
+
+    def shows_single_active(self) -> bool:
+        gate = self.quality.get(SINGLE_ACTIVE_GENERATION)
+        return gate is not None and gate.status is GateStatus.PASS
+
+    @property
+    def verdict_analysis(self) -> None:
+        return None
+
+    @property
+    def power(self) -> None:
+        return None
+
+    @property
+    def bootstrap(self) -> None:
+        return None
+
+    @property
+    def noise_diagnostic(self) -> None:
+        return None
+
+    @property
+    def sequential(self) -> None:
+        return None
+
+    @property
+    def sweep(self) -> None:
+        return None
+
+    @property
+    def record_gate(self) -> None:
+        return None
+
+
+def _leg_dirs(protocol: AbbaProtocol, runs: Mapping[str, LegBlock]
+              ) -> list[tuple[str, str | None, float | None]]:
+    return [(name, runs[name].run_dir if name in runs else None, protocol.idle_gap(name))
+            for name in protocol.leg_names() or list(runs)]
+
+
+# _ReaderView: every record form answers the same questions, so report/ and submit/ ask
+# the record instead of its form. design_spec() says what its design means
+# (experiment.design); named_design() is the (design, blocks) a v2 record names (None for
+# forms that name none: their reports stay as they were); leg_dirs() gives (leg, run_dir
+# the record names, idle gap before it) in run order; a section a form does not have
+# (v2's verdict_analysis, power, sequential, sweep and noise_diagnostic in v1; v1's
+# bootstrap in v2; the experiment sections in a single-leg record) reads as None.
 AbbaRecord = ExperimentRecord | ExperimentRecordV2
 AnyRecord = ExperimentRecord | ExperimentRecordV2 | SingleLegRecord
 Record = Annotated[AnyRecord, Field(discriminator="schema_id")]

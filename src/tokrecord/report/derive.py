@@ -22,15 +22,13 @@ from tokrecord.errors import ConfigError
 from tokrecord.evidence.seal import Problem
 from tokrecord.experiment.leg import LegResult, LegStatus, RowRecord
 from tokrecord.experiment.stats import PairResult
-from tokrecord.gates import TREATMENT_ATTESTATION, GateResult
+from tokrecord.gates import SINGLE_ACTIVE_GENERATION, TREATMENT_ATTESTATION, GateResult
 from tokrecord.identity import Identity, PackageIdentity, SourceIdentity
 from tokrecord.metrics import FORMULAS, Convention
 from tokrecord.metrics.engine import VLLM_METRICS
 from tokrecord.record.schema import (
     AbbaRecord,
     AnyRecord,
-    ExperimentRecord,
-    ExperimentRecordV2,
     GitTokrecord,
     IdentitySummary,
     PackageTokrecord,
@@ -346,11 +344,7 @@ def leg_view(result: LegResult, rows: Sequence[RowRecord], *, name: str | None, 
 
 def experiment_legs(record: AnyRecord) -> list[tuple[str, str | None, float | None]]:
     """(leg name, run_dir the record names, idle gap measured before it) per leg, in run order."""
-    if isinstance(record, SingleLegRecord):
-        return [("B1", record.artifacts.run_dir, None)]
-    runs = record.runs_by_name()
-    return [(name, runs[name].run_dir if name in runs else None, record.protocol.idle_gap(name))
-            for name in _leg_order(record)]
+    return record.leg_dirs()
 
 
 def _leg_order(record: AbbaRecord) -> list[str]:
@@ -368,9 +362,7 @@ def _formula(convention: object, fallback: str) -> str:
 def record_design(record: AnyRecord) -> tuple[str | None, int | None]:
     """(design, blocks) of an experiment-record/v2; (None, None) for v1 and other records,
     whose reports stay as they were."""
-    if not isinstance(record, ExperimentRecordV2):
-        return None, None
-    return record.protocol.design, record.protocol.blocks
+    return record.named_design()
 
 
 def _candidate_legs(record: AbbaRecord) -> list[str]:
@@ -415,18 +407,18 @@ def _headline_leg(leg: LegView, note: str = "") -> Headline:
 
 def _bootstrap(record: AnyRecord) -> Bootstrap | None:
     """The paired bootstrap of an experiment-record/v1 (v2 has the leg-level verdict)."""
-    b = record.bootstrap if isinstance(record, ExperimentRecord) else None
+    b = record.bootstrap
     if b is None:
         return None
     return Bootstrap(ratio=b.ratio, ci_low=b.ci_low, ci_high=b.ci_high, confidence=b.confidence,
                      samples=b.samples, equivalence_pct=b.equivalence_pct, method=b.method)
 
 
-def analysis_view(record: AnyRecord) -> Analysis | None:
+def analysis_view(record: AbbaRecord) -> Analysis | None:
     """The v2 verdict (`verdict_analysis`) as shown; None for v1 (its `bootstrap` instead)."""
-    if not isinstance(record, ExperimentRecordV2) or record.verdict_analysis is None:
-        return None
     a = record.verdict_analysis
+    if a is None:
+        return None
     order = record.protocol.leg_names()
     stats = a.leg_statistics
     names = [n for n in order if n in stats] + sorted(n for n in stats if n not in order)
@@ -439,13 +431,13 @@ def analysis_view(record: AnyRecord) -> Analysis | None:
         record_confidence=a.record_confidence, record_ci_low=a.record_ci_low,
         record_ci_high=a.record_ci_high, record_verdict=a.record_verdict.value,
         leg_statistics=tuple((n, stats[n]) for n in names),
-        no_claim=record.protocol.design == "aa",
+        no_claim=not record.design_spec().makes_claim,
     )
 
 
 def power_view(record: AnyRecord) -> Power | None:
     """The preregistered power (v2 `power`), or None when the plan declared none."""
-    p = record.power if isinstance(record, ExperimentRecordV2) else None
+    p = record.power
     if p is None:
         return None
     return Power(
@@ -462,7 +454,7 @@ def pair_names(record: AbbaRecord) -> list[str]:
     """Pair keys in block order: v2 names them in `protocol.pairs` (record.json's keys are
     sorted, which puts B10_vs_A10 before B2_vs_A2); v1 in the file's order."""
     found = record.pairs_by_name()
-    named = record.protocol.pairs if isinstance(record, ExperimentRecordV2) else []
+    named = record.protocol.named_pairs()
     listed = [n for n in named if n in found]
     return listed + [n for n in found if n not in listed]
 
@@ -549,10 +541,10 @@ def _quality(record: AbbaRecord) -> tuple[tuple[Fact, ...], tuple[GateView, ...]
     return tuple(facts), tuple(gates)
 
 
-# Protocol keys shown as they are, in this order.
+# Protocol keys shown as they are, in this order (a gate's own key is the gate's name).
 PROTOCOL_FACTS = ("prompt_count_per_leg", "max_tokens", "top_level_prompt_tokens_suite_median",
                   "top_level_output_tokens_suite_median", "metric", "headline_formula",
-                  "fresh_service_per_leg", "generation_warmup", "single_active_generation",
+                  "fresh_service_per_leg", "generation_warmup", SINGLE_ACTIVE_GENERATION,
                   "prompts_unique_per_leg", "each_prompt_run_once", "cached_tokens_all_zero",
                   "fifth_run_permitted", "idle_gap_seconds_minimum")
 
@@ -562,16 +554,14 @@ def _as_written(value: object) -> object:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _protocol(record: AnyRecord) -> tuple[Fact, ...]:
-    if isinstance(record, SingleLegRecord):
-        return (Fact(label="metric", value=record.metric),) if record.metric else ()
+def _protocol(record: AbbaRecord) -> tuple[Fact, ...]:
     p = record.protocol
     facts = [Fact(label="order", value=" ".join(p.order))] if p.order else []
-    if isinstance(record, ExperimentRecordV2):
-        facts.append(Fact(label="design", value=fmt.design(record.protocol.design,
-                                                           record.protocol.blocks)))
+    design, blocks = record.named_design()
+    if design is not None:
+        facts.append(Fact(label="design", value=fmt.design(design, blocks)))
         facts.append(Fact(label="pairs", value=" ".join(x.replace("_vs_", " vs ")
-                                                         for x in record.protocol.pairs)))
+                                                         for x in p.named_pairs())))
     facts += [Fact(label=key.replace("_", " "), value=fmt.plain(_as_written(getattr(p, key))))
               for key in PROTOCOL_FACTS]
     if p.idle_gap_seconds_measured:
@@ -789,7 +779,7 @@ def experiment_report(record: AnyRecord, legs: Sequence[LegView], *, title: str,
             else _abba_parts(record, legs, title))
     return ReportData(
         **form, date=record.date, status=record.status, legs=tuple(legs), timelines=timelines,
-        timeline_choice=timeline_choice, protocol=_protocol(record), identity=identity,
+        timeline_choice=timeline_choice, identity=identity,
         attempts=_attempts(record), addenda=addenda, components=components_view(record),
         verification=NOT_VERIFIED,
     )
@@ -825,7 +815,8 @@ def _single_parts(record: SingleLegRecord, only: LegView, title: str) -> dict[st
         update={"qualification": record.record.value_qualification})
     verdict = ("RECORD" if gate.passed else "NO RECORD") + ("" if only.valid else " (leg NOT VALID)")
     return {"kind": Kind.SINGLE, "title": title, "verdict": verdict, "headline": headline,
-            "record_gate": gate}
+            "record_gate": gate, "protocol": (Fact(label="metric", value=record.metric),)
+            if record.metric else ()}
 
 
 def _abba_parts(record: AbbaRecord, legs: Sequence[LegView], title: str) -> dict[str, Any]:
@@ -838,12 +829,13 @@ def _abba_parts(record: AbbaRecord, legs: Sequence[LegView], title: str) -> dict
             "power": power_view(record), "design": design, "blocks": blocks,
             "pairs": _pairs(record), "record_gate": _record_gate_abba(record), "quality": quality,
             "experiment_gates": experiment_gates, "sequential": sequential_text(record),
-            "sequential_estimate": sequential_estimate_text(record), **sweep_parts(record)}
+            "sequential_estimate": sequential_estimate_text(record), "protocol": _protocol(record),
+            **sweep_parts(record)}
 
 
 def sweep_parts(record: AbbaRecord) -> dict[str, Any]:
     """A sweep record's arms table and statement (nothing for other records)."""
-    if not isinstance(record, ExperimentRecordV2) or record.sweep is None:
+    if record.sweep is None:
         return {}
     return {"sweep": sweep_rows(record), "sweep_statement": sweep_statement(record),
             "sweep_confidence": record.sweep.analysis.confidence}
@@ -852,9 +844,9 @@ def sweep_parts(record: AbbaRecord) -> dict[str, Any]:
 def sequential_text(record: AbbaRecord) -> str | None:
     """A sequential record's stopping rule in one line: where it stopped, the repeated
     interval (the one valid after optional stopping) and each look against its boundary."""
-    if not isinstance(record, ExperimentRecordV2) or record.sequential is None:
-        return None
     seq = record.sequential
+    if seq is None:
+        return None
     looks = "; ".join(
         f"{lk.label}: t({lk.df}) = {'n/a' if lk.statistic is None else f'{lk.statistic:.2f}'}"
         f" vs {'n/a' if lk.boundary is None else f'{lk.boundary:.2f}'} ({lk.action.value})"
@@ -863,7 +855,7 @@ def sequential_text(record: AbbaRecord) -> str | None:
           f"repeated {100 * seq.confidence:g} % CI [{fmt.pct(100 * (seq.ci_low - 1))}, "
           f"{fmt.pct(100 * (seq.ci_high - 1))}]")
     return (f"{seq.verdict.value} at {seq.stopped_at or 'no stop yet'} of at most "
-            f"{record.protocol.max_blocks} blocks ({seq.spending.value} spending): {ci}; "
+            f"{record.protocol.most_blocks()} blocks ({seq.spending.value} spending): {ci}; "
             f"{looks}. The fixed-sample interval above is not valid after stopping; "
             f"{seq.estimate_note.split(';')[0]}")
 
@@ -871,9 +863,9 @@ def sequential_text(record: AbbaRecord) -> str | None:
 def sequential_estimate_text(record: AbbaRecord) -> str | None:
     """A stopped sequential record's estimate: the plain one beside the bias-adjusted one
     (Whitehead 1986), with one line on why they differ; None when there is no estimate."""
-    if not isinstance(record, ExperimentRecordV2) or record.sequential is None:
-        return None
     seq = record.sequential
+    if seq is None:
+        return None
     if seq.estimate_ratio is None:
         return None
     plain = f"plain {fmt.pct(100 * (seq.estimate_ratio - 1))}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tokrecord.experiment.design import named_spec
 from tokrecord.gates import GATES
 
 from . import fmt
@@ -24,7 +25,8 @@ def control_figure(d: ReportData) -> ControlFigure | None:
     """The lower control leg's rate: the headline is the lower candidate leg, so this is
     its like-for-like comparison (as the record gate's 'control lower'). None without a
     control arm (a single leg, an A/A design)."""
-    if d.design == "aa":
+    spec = named_spec(d.design)
+    if spec is not None and not spec.compares_arms:
         return None
     controls = [leg for leg in d.legs if leg.arm == "control" and leg.tok_s is not None]
     if not controls:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tokrecord.experiment.design import design_spec
+
 DASH = "—"
 
 
@@ -48,14 +50,6 @@ def sd_pct(value: float | None, digits: int = 3) -> str:
 
 
 def design(kind: str, blocks: int | None) -> str:
-    """'ABBA, 2 blocks (ABBA, BAAB): 8 legs, 4 pairs': the design as preregistered."""
-    k = blocks or 1
-    if kind == "sweep":
-        return (f"sweep, {k} block{'s' if k != 1 else ''}, every arm once per block in "
-                "Williams order (balanced for position and carry-over)")
-    patterns = ", ".join("ABBA" if b % 2 else "BAAB" for b in range(1, min(k, 2) + 1))
-    more = ", ..." if k > 2 else ""
-    name = {"abba": "ABBA", "aa": "A/A"}.get(kind, kind)
-    what = " (one arm in every leg: the noise floor, no speed claim)" if kind == "aa" else ""
-    return (f"{name}, {k} block{'s' if k != 1 else ''} ({patterns}{more}): {4 * k} legs, "
-            f"{2 * k} pairs{what}")
+    """'ABBA, 2 blocks (ABBA, BAAB): 8 legs, 4 pairs': the design as preregistered, in its
+    spec's words (experiment.design)."""
+    return design_spec(kind).describe(blocks)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from html import escape
 
 from tokrecord import __version__
+from tokrecord.experiment.design import DesignSpec, named_spec
 from tokrecord.gates import TEACHER_EXACT, GateStatus
 
 from . import charts, fmt
@@ -330,8 +331,9 @@ def _abba(d: ReportData) -> str:
         return f'<section id="abba">{"".join(parts)}</section>'
     if d.sweep:
         return _sweep(d)
-    if d.design is not None:
-        return _abba_v2(d)
+    spec = named_spec(d.design)
+    if spec is not None:
+        return _abba_v2(d, spec)
     parts.append(_note("Legs in the order they ran, each on a fresh server; dashed lines join the "
                        "two legs of an arm (drift over the experiment shows as their slope)."))
     svg = charts.abba_chart(d.legs)
@@ -360,14 +362,14 @@ def _sweep(d: ReportData) -> str:
     return f'<section id="abba">{"".join(parts)}</section>'
 
 
-def _abba_v2(d: ReportData) -> str:
+def _abba_v2(d: ReportData, spec: DesignSpec) -> str:
     """The ABBA section of a v2 record: k blocks, the leg-level verdict, its noise and power."""
     k = d.blocks or 1
-    aa = d.design == "aa"
+    aa = not spec.compares_arms
     parts = ["<h2>ABBA legs and the confidence interval</h2>" if not aa
              else "<h2>A/A legs and the noise floor</h2>"]
     parts.append(_note(
-        f"{fmt.design(d.design or 'abba', k)}. Legs in the order they ran, each on a fresh "
+        f"{spec.describe(k)}. Legs in the order they ran, each on a fresh "
         "server; blocks alternate ABBA and BAAB, so a linear drift within a block cancels. "
         "Dashed lines join the legs of " + ("a position (one arm runs everywhere)." if aa
                                             else "an arm (drift shows as their slope).")))

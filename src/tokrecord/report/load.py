@@ -32,7 +32,7 @@ from tokrecord.experiment.leg import LegResult, RowRecord
 from tokrecord.experiment.noise import NoiseDiagnostic, legs_in_order, noise_diagnostic
 from tokrecord.identity import Identity
 from tokrecord.probes.covariates import covariates_from_run_dir
-from tokrecord.record.schema import AnyRecord, SingleLegRecord, validate_record
+from tokrecord.record.schema import AnyRecord, validate_record
 from tokrecord.record.verify import Verified, verify_trusted
 
 from .derive import (
@@ -305,10 +305,10 @@ def _noise(directory: Path, record: AnyRecord, plan: list[tuple[str, str | None,
            legs: tuple[LegView, ...]) -> NoiseDiagnostic | None:
     """The record's noise diagnostic; recomputed from the legs' kept telemetry for a
     record sealed before it had one."""
-    if isinstance(record, SingleLegRecord):
+    if not record.design_spec().several_legs:
         return None
-    recorded = getattr(record, "noise_diagnostic", None)
-    if isinstance(recorded, NoiseDiagnostic):
+    recorded = record.noise_diagnostic
+    if recorded is not None:
         return recorded
     covs = {name: covariates_from_run_dir(_leg_dir(directory, name, run_dir))
             for name, run_dir, _ in plan}

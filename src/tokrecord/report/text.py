@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tokrecord.evidence.safe import terminal_safe
+from tokrecord.experiment.design import named_spec
 from tokrecord.gates import TEACHER_EXACT, GateStatus
 from tokrecord.metrics.rows import ROW_FLAGS
 from tokrecord.report.sweep import SWEEP_COLUMNS, sweep_cells
@@ -61,12 +62,11 @@ def sweep_headline_note(d: ReportData) -> str:
 
 def kind_text(d: ReportData) -> str:
     """'ABBA experiment' (v1, unchanged), 'ABBA experiment, 2 blocks', 'A/A experiment, 1 block'."""
-    if d.design is None:
+    spec = named_spec(d.design)
+    if spec is None:
         return _KIND[d.kind]
     k = d.blocks or 1
-    name = ("A/A experiment" if d.design == "aa" else "sweep experiment" if d.design == "sweep"
-            else _KIND[d.kind])
-    return f"{name}, {k} block{'s' if k != 1 else ''}"
+    return f"{spec.title}, {k} block{'s' if k != 1 else ''}"
 
 
 def interval_text(a: Analysis) -> str:
@@ -126,7 +126,8 @@ def verdict_text(d: ReportData) -> str:
 def v2_lines(d: ReportData) -> list[tuple[str, str]]:
     """What a v2 record adds below its verdict: the noise, the design, the power (none
     for v1, whose report stays as it was)."""
-    if d.design is None:
+    spec = named_spec(d.design)
+    if spec is None:
         return []
     out = []
     if d.analysis is not None and d.analysis.ratio is not None:
@@ -137,7 +138,7 @@ def v2_lines(d: ReportData) -> list[tuple[str, str]]:
         noise = noise_line(d.noise)
         if noise is not None:
             out.append(("tracks", noise.removeprefix("legs track ")))
-    out.append(("design", fmt.design(d.design, d.blocks)))
+    out.append(("design", spec.describe(d.blocks)))
     if d.sequential is not None:
         out.append(("sequential", d.sequential))
     if d.sequential_estimate is not None:
@@ -149,7 +150,8 @@ def v2_lines(d: ReportData) -> list[tuple[str, str]]:
 
 def pairs_what(d: ReportData) -> str:
     """An A/A design pairs legs of one arm: by position, not by treatment."""
-    return "B vs A positions, one arm" if d.design == "aa" else "candidate vs control"
+    spec = named_spec(d.design)
+    return "candidate vs control" if spec is None else spec.pairs_what
 
 
 def record_text(d: ReportData) -> str | None:

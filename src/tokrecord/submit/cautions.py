@@ -2,29 +2,29 @@
 
 from __future__ import annotations
 
-from tokrecord.record.schema import AnyRecord, ExperimentRecord, ExperimentRecordV2, SingleLegRecord
+from tokrecord.record.schema import AnyRecord
 
 
 def record_cautions(record: AnyRecord) -> list[str]:
     """Warnings about the record as a claim: no record, or a candidate slower than its
     control. Neither stops a submission (a measured speed is still a measurement)."""
     out: list[str] = []
+    gate = record.record_gate  # None: a single-leg record, with no control to compare
     if record.status == "no_record":
         why = ""
-        if isinstance(record, ExperimentRecord | ExperimentRecordV2) and record.record_gate.reasons:
-            why = f" ({'; '.join(record.record_gate.reasons)})"
+        if gate is not None and gate.reasons:
+            why = f" ({'; '.join(gate.reasons)})"
         out.append(f"the record's status is no_record{why}: the leaderboard would list a "
                    "measured speed, not a record")
-    if isinstance(record, SingleLegRecord):
+    if gate is None:
         return out
-    analysis = record.verdict_analysis if isinstance(record, ExperimentRecordV2) else None
+    analysis = record.verdict_analysis
     if analysis is not None and analysis.ratio is not None:
         if analysis.ratio < 1:
             out.append(f"the candidate was {100 * (1 - analysis.ratio):.1f} % slower than the "
                        f"control (ratio {analysis.ratio:.4f}, verdict {analysis.verdict.value}): "
                        "the headline is the candidate's speed")
         return out
-    gate = record.record_gate
     cand, ctrl = gate.candidate_lower_start_tok_s, gate.control_lower_start_tok_s
     if cand is not None and ctrl is not None and cand < ctrl:
         out.append(f"the candidate's lower leg ({cand:.2f} tok/s) was slower than the control's "

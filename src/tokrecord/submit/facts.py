@@ -38,7 +38,6 @@ from tokrecord.record.schema import (
     AbbaRecord,
     Accounting,
     AnyRecord,
-    ExperimentRecordV2,
     SingleLegRecord,
     load_record,
 )
@@ -178,18 +177,19 @@ def _leg_dir(record_dir: Path, run_dir: str, leg: str) -> Path:
 def refuse_no_claim(record: AnyRecord) -> None:
     """An A/A record is the machine's noise floor: every leg runs one arm, so it says
     nothing about a speed and must not reach a leaderboard."""
-    if isinstance(record, ExperimentRecordV2) and record.protocol.design == "aa":
-        arms = ", ".join(sorted(record.treatment)) or "one arm"
+    spec = record.design_spec()
+    if not spec.makes_claim:
+        arms = ", ".join(record.arm_names()) or "one arm"
         raise SubmitError(
-            "this is an A/A experiment (design 'aa': the same arm, " + arms + ", in every leg): "
-            "it measures the machine's noise floor and makes no speed claim, so there is "
-            "nothing to submit. Submit an ABBA or single-leg record; use this one as the "
-            "noise of a plan's power (noise.from_records)")
-    if isinstance(record, ExperimentRecordV2) and record.protocol.design == "sweep":
+            f"this is an {spec.title} (design {spec.design.value!r}: the same arm, " + arms
+            + f", in every leg): {spec.not_submittable}, so there is nothing to submit. "
+            "Submit an ABBA or single-leg record; use this one as the noise of a plan's power "
+            "(noise.from_records)")
+    if spec.not_submittable is not None:
         best = record.sweep.analysis.best if record.sweep is not None else None
         raise SubmitError(
-            "this is a sweep (design 'sweep'): submitting a sweep's chosen arm is not supported "
-            "yet, since a leaderboard entry is one configuration against its prior. "
+            f"this is a sweep (design {spec.design.value!r}): submitting a sweep's chosen arm is "
+            f"not supported yet, since {spec.not_submittable}. "
             + (f"Its best arm is {best}: run an ABBA of that arm against the prior and submit "
                "that record" if best else "It singled out no best arm, so there is no claim"))
 
@@ -229,18 +229,21 @@ class Headline(NamedTuple):
     ttft_ms: float | None
     spec: SpeculativeCounters
     telemetry: TelemetrySummary | None
+    candidate_legs: tuple[str, ...]  # an experiment's, in run order (none: a single leg)
+    blocks: int
 
 
 def _headline(record: AnyRecord) -> Headline:
     if isinstance(record, SingleLegRecord):
         s = record.summary
         return Headline("single", "B1", record.metric_accounting, record.artifacts.run_dir,
-                        record.valid, s.ttft_ms_median, s, record.telemetry)
+                        record.valid, s.ttft_ms_median, s, record.telemetry, (), 1)
     refuse_no_claim(record)
     leg = _headline_leg(record, record.metric_accounting.headline_leg)
     run = record.runs_by_name()[leg]
     return Headline("abba", leg, record.metric_accounting, run.run_dir, run.valid,
-                    run.ttft_median_ms, run, run.telemetry)
+                    run.ttft_median_ms, run, run.telemetry, candidate_legs(record),
+                    record.named_design()[1] or 1)
 
 
 TokenIds = tuple[tuple[int, ...], ...]
@@ -357,7 +360,6 @@ def facts_from_dir(record_dir: Path) -> RecordFacts:
     summary = _typed(leg_dir / layout.SUMMARY, _summary)
     timings = _typed(leg_dir, engine_timings)
     acc = head.accounting
-    abba = None if isinstance(record, SingleLegRecord) else record
     return RecordFacts(
         record_dir=record_dir, manifest_sha256=manifest_sha256(record_dir), record=record,
         identity=identity, form=head.form, leg=head.leg, leg_valid=head.valid,
@@ -373,8 +375,7 @@ def facts_from_dir(record_dir: Path) -> RecordFacts:
         output_tokens=tuple(t.completion_tokens or len(t.token_ids or ()) for t in traces),
         teacher_exact_count=exact_count, teacher_token_ids=teacher_ids,
         teacher_exact_by=exact_by,
-        candidate_legs=candidate_legs(abba) if abba else (),
-        blocks=abba.protocol.blocks if isinstance(abba, ExperimentRecordV2) else 1,
+        candidate_legs=head.candidate_legs, blocks=head.blocks,
         output_texts=tuple(t.text for t in traces), engine_timings=timings,
         draft_tokens=head.spec.draft_tokens, accepted_draft_tokens=head.spec.accepted_draft_tokens,
         telemetry=head.telemetry, engine_reported=summary.engine_version,

@@ -35,12 +35,11 @@ from tokrecord.engines import FAKE_MODULE, EngineName, engine_for, infer_engine
 from tokrecord.engines.base import LaunchFacts, SpeculativeConfig
 from tokrecord.evidence.redact import is_secret_env, redact_argv
 from tokrecord.evidence.stamp import Stamp, utc_stamp
-from tokrecord.gates import SINGLE_ACTIVE_GENERATION, GateStatus
+from tokrecord.gates import SINGLE_ACTIVE_GENERATION
 from tokrecord.identity import SourceIdentity
 from tokrecord.record.schema import (
     AbbaRecord,
     AnyRecord,
-    ExperimentRecordV2,
     Hardware,
     SingleLegRecord,
 )
@@ -218,16 +217,13 @@ def _engine_commit(facts: RecordFacts, engine: str) -> tuple[str | None, str, li
 
 
 def _single_active(record: AnyRecord) -> bool:
-    if isinstance(record, SingleLegRecord):
-        gate = record.quality.get(SINGLE_ACTIVE)
-        return gate is not None and gate.status is GateStatus.PASS
-    return record.protocol.single_active_generation is True
+    return record.shows_single_active()
 
 
 def _interval(record: AbbaRecord) -> str:
     """The v2 verdict's interval, which rests on the between-leg noise ('' for v1, whose
     notes stay as they were)."""
-    a = record.verdict_analysis if isinstance(record, ExperimentRecordV2) else None
+    a = record.verdict_analysis
     if a is None:
         return ""
     if a.ratio is None or a.ci_low is None or a.ci_high is None:

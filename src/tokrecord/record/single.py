@@ -1,0 +1,183 @@
+"""The single-leg record (``tokrecord.single-leg-record/v1``), built as its model
+(record.schema.SingleLegRecord): mypy checks every section's fields when it is built,
+instead of validation finding a misspelt key when the record is written.
+
+Kept apart from record/__init__.py because the schema imports that module's constants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from tokrecord.evidence import layout
+from tokrecord.experiment.leg import CLOCK_SOURCE, LegResult
+from tokrecord.experiment.plan import ArmName, Plan
+from tokrecord.experiment.stats import pct_delta
+from tokrecord.metrics import FORMULAS, Convention
+from tokrecord.probes.telemetry import TelemetrySummary
+from tokrecord.record import (
+    SCHEMA_SINGLE,
+    EvidenceFacts,
+    component_reasons,
+    graph_facts,
+    identity_across_legs,
+    log_facts,
+    model_section,
+    operational,
+    portable_entries,
+    reproducibility,
+    server_log_facts,
+    speculative_section,
+    treatment_section,
+    unchanged_stack,
+)
+from tokrecord.record.exactness import artifact_entries
+from tokrecord.record.schema import (
+    Attempt,
+    ComponentEvidence,
+    Empty,
+    GateDetail,
+    GraphFacts,
+    Hardware,
+    LogFact,
+    LogFactFound,
+    MetricAccounting,
+    ModelSection,
+    Operational,
+    PriorRecheck,
+    Reproducibility,
+    SingleArtifacts,
+    SingleFigures,
+    SingleHashes,
+    SingleLegRecord,
+    SingleSummary,
+    SingleTreatment,
+    Source,
+    SpeculativeSection,
+    UnchangedStack,
+)
+
+
+def single_leg_record(
+    plan: Plan, result: LegResult, attempts: Sequence[Mapping[str, Any]], facts: EvidenceFacts
+) -> dict[str, Any]:
+    """The seeds/single-leg-record.json form: value, goal, prior approved, prior best; as
+    record.json holds it (the keys each section was given, none it was not)."""
+    value = result.summary.tok_s_out
+    beats = value is not None and plan.prior.value_tok_s is not None \
+        and value > plan.prior.value_tok_s
+    identity_ok, identity_reasons = identity_across_legs(facts.leg_identity, [result.name])
+    blockers = identity_reasons + component_reasons(facts.components)
+    passed = result.valid and beats and not blockers
+    hw = facts.hardware[result.name]
+    record = SingleLegRecord(
+        schema=SCHEMA_SINGLE, date=facts.date, status="record_pass" if passed else "no_record",
+        plan_sha256=plan.sha256, metric=plan.metric, metric_accounting=_accounting(plan, result),
+        record=_figures(plan, result), summary=_summary(result),
+        quality={g.name: GateDetail(status=g.status, count=g.count, reason=g.reason)
+                 for g in result.gates},
+        valid=result.valid, record_blockers=blockers,
+        identity_sha256=(facts.leg_identity.get(result.name) or {}).get("identity_sha256"),
+        source_identity_passed=identity_ok,
+        attempts=[Attempt.model_validate(a) for a in attempts],
+        treatment=SingleTreatment.model_validate(treatment_section(plan, result, facts)),
+        model=ModelSection.model_validate(model_section(plan, facts)),
+        unchanged_record_stack=UnchangedStack.model_validate(unchanged_stack(plan)),
+        prior_recheck=None if facts.prior_recheck is None
+        else PriorRecheck.model_validate(facts.prior_recheck),
+        component_evidence=_COMPONENTS.validate_python({c["name"]: c for c in facts.components}),
+        log_facts=_LOG_FACTS.validate_python(log_facts({"B1": result})),
+        server_log_facts=_SERVER_LOG_FACTS.validate_python(server_log_facts(result)),
+        graph=GraphFacts.model_validate(graph_facts(result)),
+        speculative=_SPECULATIVE.validate_python(speculative_section(plan, facts)),
+        operational=Operational.model_validate(operational({"B1": result}, {})),
+        reproducibility=Reproducibility.model_validate(
+            {**reproducibility(facts.root), **portable_entries(facts)}),
+        sha256=_hashes(result, facts), source=_SOURCE.validate_python(facts.identity),
+        hardware=None if hw is None else Hardware.model_validate(hw),
+        # Every field given, as the leg wrote it (the dump keeps only the fields given).
+        telemetry=None if result.telemetry is None else TelemetrySummary.model_validate(
+            result.telemetry.model_dump(mode="json", by_alias=True)),
+        artifacts=SingleArtifacts(root=facts.root, run_dir=result.run_dir,
+                                  **artifact_entries(facts.documents_sha256)),
+        submission=Empty(),
+    )
+    return record.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+_SOURCE: TypeAdapter[Any] = TypeAdapter(Source)
+_LOG_FACTS = TypeAdapter(dict[str, list[LogFact]])
+_SERVER_LOG_FACTS = TypeAdapter(dict[str, LogFactFound])
+_COMPONENTS = TypeAdapter(dict[str, ComponentEvidence])
+_SPECULATIVE = TypeAdapter(dict[ArmName, SpeculativeSection | None])
+
+
+def _accounting(plan: Plan, result: LegResult) -> MetricAccounting:
+    s, goal = result.summary, plan.prior.goal_tok_s
+    conv = s.tok_s_out_conventional
+    return MetricAccounting(
+        published_convention=plan.headline, published_formula=FORMULAS[plan.headline],
+        published_value_tok_s=s.tok_s_out, timestamped_events=100, inter_token_intervals=99,
+        conventional_interval_formula=FORMULAS[Convention.CONVENTIONAL],
+        conventional_interval_value_tok_s=conv,
+        legacy_inclusive_events_value_tok_s=s.tok_s_out_legacy,
+        chunk_aware_value_tok_s=s.tok_s_out_chunk_aware,
+        quantisation_bound_pct=s.quantisation_bound_pct_max, clock=CLOCK_SOURCE,
+        conventional_goal_tok_s=goal,
+        conventional_margin_to_goal_tok_s=conv - goal if conv is not None and goal else None,
+    )
+
+
+def _figures(plan: Plan, result: LegResult) -> SingleFigures:
+    value, prior, head = result.summary.tok_s_out, plan.prior, plan.headline.value
+
+    def delta(ref: float | None) -> tuple[float | None, float | None]:
+        if value is None or ref is None:
+            return None, None
+        return value - ref, pct_delta(value, ref)
+
+    d_prior, d_prior_pct = delta(prior.value_tok_s)
+    d_best, d_best_pct = delta(prior.best_exact_tok_s)
+    return SingleFigures(
+        value_tok_s=value,
+        value_qualification="" if head == "conventional" else
+        f"published {head} convention; conventional 99-interval value is "
+        f"{result.summary.tok_s_out_conventional} tok/s",
+        goal_tok_s=prior.goal_tok_s,
+        margin_over_goal_tok_s=value - prior.goal_tok_s
+        if value is not None and prior.goal_tok_s else None,
+        prior_approved_tok_s=prior.value_tok_s, prior_approved_id=prior.id,
+        delta_vs_approved_tok_s=d_prior, delta_vs_approved_pct=d_prior_pct,
+        prior_best_exact_tok_s=prior.best_exact_tok_s,
+        delta_vs_prior_best_exact_tok_s=d_best, delta_vs_prior_best_exact_pct=d_best_pct,
+    )
+
+
+def _summary(result: LegResult) -> SingleSummary:
+    s, e = result.summary, result.engine
+    return SingleSummary(
+        tok_s_out=s.tok_s_out, tok_s_out_p10=s.tok_s_out_p10, tok_s_out_mean=s.tok_s_out_mean,
+        tok_s_out_stdev=s.tok_s_out_stdev,
+        tok_s_full_after_ttft_median=s.tok_s_full_after_ttft_median,
+        tok_s_wall_full_median=s.tok_s_wall_full_median, ttft_ms_median=s.ttft_ms_median,
+        # Engine counter deltas under the seeds' names (None where not exposed).
+        draft_cycles=e.draft_cycles if e else None,
+        draft_tokens=e.draft_tokens if e else None,
+        accepted_draft_tokens=e.accepted_draft_tokens if e else None,
+        draft_acceptance_rate=e.draft_acceptance_rate if e else None,
+        emitted_tokens_per_draft_cycle=e.emitted_tokens_per_draft_cycle if e else None,
+        aggregate_cycle_ms=e.aggregate_cycle_ms if e else None,
+    )
+
+
+def _hashes(result: LegResult, facts: EvidenceFacts) -> SingleHashes:
+    hashes: dict[str, str | None] = {
+        **facts.evidence_sha256[result.name],
+        "exactness": facts.documents_sha256.get(layout.ALL_VS_TEACHER),
+        "identity": facts.identity.get("identity_sha256"),
+        "model_release_manifest": facts.portable_sha256.get(layout.MODEL_MANIFEST),
+        "runtime_lock": facts.portable_sha256.get(layout.RUNTIME_LOCK)}
+    return TypeAdapter(SingleHashes).validate_python(hashes)
