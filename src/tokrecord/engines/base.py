@@ -181,11 +181,19 @@ def int_arg(argv: Sequence[str], *names: str) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
+class Capability(StrEnum):
+    """What a gate needs from an engine. The gate registry names the capability each
+    gate needs, so an engine declares what it lacks without naming gates."""
+
+    PREFIX_CACHE_COUNTER = "prefix_cache_counter"
+
+
 @dataclass(frozen=True)
 class Limitation:
-    """A gate the engine cannot support: it reads "not tested" with this reason."""
+    """A capability the engine lacks: a gate that needs it reads "not tested" with this
+    reason."""
 
-    gate: str
+    lacks: Capability
     reason: str
 
 
@@ -321,8 +329,8 @@ class Engine:
             return f"k:{k},v:{v}"
         return k or v
 
-    def limitation(self, gate: str) -> str | None:
-        return next((x.reason for x in self.limitations if x.gate == gate), None)
+    def limitation(self, needs: Capability | None) -> str | None:
+        return next((x.reason for x in self.limitations if x.lacks is needs), None)
 
     def served_models(self, payload: Any) -> set[str] | None:
         """The model ids in the last ready path's answer (OpenAI's /v1/models form), as

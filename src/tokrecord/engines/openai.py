@@ -15,6 +15,7 @@ from typing import Any
 from tokrecord.suite import SuiteRow
 
 from .base import (
+    Capability,
     CountSource,
     Endpoint,
     Engine,
@@ -116,7 +117,7 @@ class OpenAIEngine(Engine):
 
     name = EngineName.OPENAI
     limitations = (
-        Limitation("cached_tokens_zero",
+        Limitation(Capability.PREFIX_CACHE_COUNTER,
                    "a generic OpenAI server documents no prefix-cache counter"),
     )
 

@@ -40,6 +40,7 @@ from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.gates import (
     EXACTNESS_RULE,
     EXACTNESS_RULE_V1,
+    GATES_BY_NAME,
     GATES_VERSION,
     SCHEMA_GATES_PREFIX,
     GateConfig,
@@ -716,7 +717,8 @@ def earlier_attempts(run_dir: Path) -> tuple[str | None, ...]:
 
 def _engine_limits(gate: GateResult, engine: Engine) -> GateResult:
     """A gate the engine cannot support says why, in the engine's words."""
-    reason = engine.limitation(gate.name)
+    spec = GATES_BY_NAME.get(gate.name)
+    reason = engine.limitation(spec.needs if spec is not None else None)
     if reason is None or gate.status is not GateStatus.NOT_TESTED:
         return gate
     return gate.model_copy(update={"reason": reason})

@@ -19,6 +19,7 @@ from typing import Any, Final, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tokrecord.engines.base import Capability
 from tokrecord.engines.vllm import VLLM_CACHED_HINT, VLLM_GENERATION_LINE, VLLM_METRICS
 from tokrecord.gates.teacher import Teacher, TeacherRow
 from tokrecord.probes.idle import IdleResult
@@ -731,6 +732,7 @@ class GateSpec:
     since: int = 1
     revised: int = 0  # the version whose files it is checked differently from (0: never)
     scope: Literal["leg", "experiment"] = "leg"
+    needs: Capability | None = None  # an engine lacking it explains the gate's "not tested"
 
 
 def _first_valid(ev: LegEvidence) -> GateResult:
@@ -816,7 +818,8 @@ GATES: Final[tuple[GateSpec, ...]] = (
              "no prompt token came from a cache: 0 cached tokens per row, "
              "and the engine's prefix-cache hit counter did not move", True,
              lambda ev: cached_tokens_zero(ev.outcomes, ev.prefix_cache_hits,
-                                           ev.prefix_cache_queries, hint=ev.cached_tokens_hint)),
+                                           ev.prefix_cache_queries, hint=ev.cached_tokens_hint),
+             needs=Capability.PREFIX_CACHE_COUNTER),
     GateSpec(FULL_OUTPUT_THEN_NEXT, "full then next",
              "the row after one that used its whole token budget is still exact", False,
              lambda ev: full_output_then_next(ev.outcomes, ev.exact)),

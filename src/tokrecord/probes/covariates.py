@@ -188,13 +188,13 @@ def covariates_from_run_dir(run_dir: Path) -> LegCovariates | None:
     first = rows[0].get("metrics") if rows and isinstance(rows[0], dict) else None
     ttft = first.get("ttft_ms") if isinstance(first, dict) else None
     ready = summary.get("ready_seconds")
-    kw: dict[str, Any] = {
-        "idle_before": _read_jsonl(run_dir / "idle-before.jsonl"),
-        "ready_s": float(ready) if isinstance(ready, (int, float)) else None,
-        "first_ttft_ms": float(ttft) if isinstance(ttft, (int, float)) else None,
-    }
+    idle = _read_jsonl(run_dir / "idle-before.jsonl")
+    ready_s = float(ready) if isinstance(ready, (int, float)) else None
+    first_ttft_ms = float(ttft) if isinstance(ttft, (int, float)) else None
     samples = _read_jsonl(run_dir / "telemetry.jsonl")
     if samples:
-        return leg_covariates(samples, window, **kw)
+        return leg_covariates(samples, window, idle_before=idle, ready_s=ready_s,
+                              first_ttft_ms=first_ttft_ms)
     tel = summary.get("telemetry")
-    return from_telemetry_summary(tel if isinstance(tel, dict) else None, **kw)
+    return from_telemetry_summary(tel if isinstance(tel, dict) else None, idle_before=idle,
+                                  ready_s=ready_s, first_ttft_ms=first_ttft_ms)

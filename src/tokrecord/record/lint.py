@@ -35,6 +35,7 @@ from tokrecord.experiment.sweep import (
     sweep_design,
 )
 from tokrecord.experiment.sweep_sequential import sweep_look_boundary
+from tokrecord.gates import CACHED_TOKENS_ZERO, ROLLOVER, TEACHER_EXACT
 
 REL_TOL = 1e-9
 _COUNT = re.compile(r"^(\d+)/(\d+)$")
@@ -189,7 +190,7 @@ def _lint_single(lint: _Linter) -> None:
         lint.problems.append(LintProblem(field="summary.tok_s_out_p10",
                                          message="p10 above the median", found=p10,
                                          expected=f"<= {median}"))
-    for key in ("teacher_exact", "cached_tokens_zero", "full512_output_then_next", "rollover"):
+    for key in (TEACHER_EXACT, CACHED_TOKENS_ZERO, "full512_output_then_next", ROLLOVER):
         lint.count(f"quality.{key}")
     lint.hexes("sha256")
 
