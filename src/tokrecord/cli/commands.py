@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -429,25 +429,54 @@ def demo(
         if sweep:
             _demo_sweep(python, target, draft, rows, idle_gap, blocks or 2, show_log_tail, out)
             return
-        fitting = blocks or blocks_within(budget, idle_gap_s=idle_gap)
-        # With --sequential the blocks are a maximum: it stops once decided.
-        plan = demo_plan_llamacpp(python, target, draft, rows=rows, idle_gap_s=idle_gap,
-                                  blocks=fitting,
-                                  sequential=demo_sequential(fitting) if sequential else None)
-        n_rows = len(plan_suite(plan).rows)
-        noise = plan_noise(plan, "the demo plan")
-        report = power_report(plan, noise, n_rows)
-        detectable = min_detectable_effect(noise, n_rows, plan.max_blocks, plan.verdict.confidence,
-                                           plan.verdict.equivalence_pct)
-        for line in design_lines(plan, report, detectable, budget, blocks is None):
-            err_console.print(escape(line), soft_wrap=True)
+        plan, detectable = _demo_llamacpp_plan(python, target, draft, rows, idle_gap, blocks,
+                                               budget, sequential)
         what = "control plain decoding of the target, candidate draft-model speculation"
     else:
-        python = embedded.ensure_engine(say)
-        model_dir = build_demo_model(models)
-        err_console.print(f"demo model: {model_dir}")
-        plan = demo_plan(python, model_dir, rows=rows, idle_gap_s=idle_gap)
+        plan = _demo_vllm_plan(say, models, rows, idle_gap)
         what = "control plain, candidate ngram"
+    _announce_demo(chosen, plan, what, idle_gap)
+    exp_dir = out or _default_out("demo")
+    record, results = _execute_plan(plan, exp_dir, None, show_log_tail)
+    if chosen is EngineName.LLAMA_CPP:
+        _print_demo_claim(record, plan, detectable)
+    # Imported here, not above: `report` registers its command when imported, and the
+    # core commands come first in --help.
+    from .report import write_report
+
+    write_report(exp_dir, print_summary=False)
+    _exit_if_invalid(results)
+
+
+def _demo_llamacpp_plan(python: Path, target: Path, draft: Path, rows: int | None,
+                        idle_gap: float, blocks: int | None, budget: float, sequential: bool
+                        ) -> tuple[Plan, float | None]:
+    """The llama.cpp demo's plan in as many blocks as fit the budget (a maximum when
+    sequential: it stops once decided), its design printed, and the smallest effect it
+    can detect."""
+    fitting = blocks or blocks_within(budget, idle_gap_s=idle_gap)
+    plan = demo_plan_llamacpp(python, target, draft, rows=rows, idle_gap_s=idle_gap,
+                              blocks=fitting,
+                              sequential=demo_sequential(fitting) if sequential else None)
+    n_rows = len(plan_suite(plan).rows)
+    noise = plan_noise(plan, "the demo plan")
+    report = power_report(plan, noise, n_rows)
+    detectable = min_detectable_effect(noise, n_rows, plan.max_blocks, plan.verdict.confidence,
+                                       plan.verdict.equivalence_pct)
+    for line in design_lines(plan, report, detectable, budget, blocks is None):
+        err_console.print(escape(line), soft_wrap=True)
+    return plan, detectable
+
+
+def _demo_vllm_plan(say: Callable[[str], None], models: Path, rows: int | None,
+                    idle_gap: float) -> Plan:
+    python = embedded.ensure_engine(say)
+    model_dir = build_demo_model(models)
+    err_console.print(f"demo model: {model_dir}")
+    return demo_plan(python, model_dir, rows=rows, idle_gap_s=idle_gap)
+
+
+def _announce_demo(chosen: EngineName, plan: Plan, what: str, idle_gap: float) -> None:
     legs = " ".join(name for name, _ in plan.legs)
     err_console.print(
         f"demo on {chosen.value}: teacher from the plain arm, then {legs} ({what}), "
@@ -455,22 +484,18 @@ def demo(
         "plan uses 60 s or more); no prior record is declared, so the record gate shows why "
         "it cannot pass", soft_wrap=True
     )
-    exp_dir = out or _default_out("demo")
-    record, results = _execute_plan(plan, exp_dir, None, show_log_tail)
-    if chosen is EngineName.LLAMA_CPP and record.get("sequential"):
+
+
+def _print_demo_claim(record: Mapping[str, Any], plan: Plan, detectable: float | None) -> None:
+    """What the llama.cpp demo claims: its sequential stop, else its fixed verdict."""
+    if record.get("sequential"):
         seq = SequentialAnalysis.model_validate(record["sequential"])
         for line in sequential_claim_lines(seq, plan.max_blocks):
             out_console.print(escape(line), soft_wrap=True)
-    elif chosen is EngineName.LLAMA_CPP and record.get("verdict_analysis"):
+    elif record.get("verdict_analysis"):
         analysis = VerdictAnalysis.model_validate(record["verdict_analysis"])
         for line in claim_lines(analysis, detectable):
             out_console.print(escape(line), soft_wrap=True)
-    # Imported here, not above: `report` registers its command when imported, and the
-    # core commands come first in --help.
-    from .report import write_report
-
-    write_report(exp_dir, print_summary=False)
-    _exit_if_invalid(results)
 
 
 def _demo_sweep(python: Path, target: Path, draft: Path, rows: int | None, idle_gap: float,
