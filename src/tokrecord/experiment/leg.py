@@ -442,50 +442,14 @@ def run_leg(
     _write_inputs(run, config, argv, port, epoch_ns)
     events = run.jsonl(layout.EVENTS)
     raw_fd = run.raw_fd(layout.RAW_READS)
-    # The leg's name goes to the server as TOKRECORD_LEG: a wrapper script (or the fake
-    # server's seeded leg jitter) may use it; nothing else is added to the arm's env.
-    server = ServerProcess(argv, port=port, host=spec.host, log_path=run.file(layout.SERVER_LOG),
-                           env={**spec.env, LEG_ENV: config.name,
-                                RUN_DIR_ENV: str(run.path.resolve())},
-                           stop_grace_s=spec.stop_grace_s)
+    leg = _Leg(run, config, obs, probe_set, _leg_server(run, config, argv, port), events, raw_fd,
+               epoch_ns, argv, port)
     st = _LegState(t0=time.monotonic())
-    started = False
-    sampler: TelemetrySampler | None = None
     make_http = http_factory or (
         lambda base, timeout: httpx.Client(base_url=base, timeout=httpx.Timeout(timeout, connect=10.0))
     )
     try:
-        run.write_json(layout.PROBES, {"backends": probe_set.backends, "notes": probe_set.notes})
-        run.write_json(layout.HARDWARE, describe_hardware(
-            probe_set.snapshot(), cpu=cpu_model(), os=os_name()))
-        st.idle["before"] = before_gate = _idle_gate(run, probe_set, config.idle, "before", obs)
-        if not before_gate.passed:
-            raise IdleTimeout(
-                f"the machine did not become idle within {config.idle.timeout_s:g} s "
-                f"({before_gate.snapshots} snapshots): {before_gate.reason}; the leg did not start")
-        if config.telemetry.enabled:
-            sampler = TelemetrySampler(run.file(layout.TELEMETRY), config.telemetry.interval_s,
-                                       epoch_ns)
-            sampler.wait_first()
-        obs.server_starting(argv, run.file(layout.SERVER_LOG))
-        server.start()
-        started = True
-        # So a later resume can find (and stop) a server orphaned by a hard kill.
-        run.write_json(layout.SERVER_INFO, {"pid": server.pid, "pgid": server.pid, "port": port,
-                                            "argv": redact_argv(argv),
-                                            "create_time": server.create_time})
-        st.ready_s = server.wait_ready(spec.ready_timeout_s, model=spec.request_model,
-                                       on_poll=obs.server_waiting, engine=config.adapter)
-        obs.server_ready(st.ready_s)
-        listening = server.exposed()
-        if listening:
-            obs.server_exposed(listening)
-        with make_http(server.base_url, config.request_timeout_s) as http:
-            try:
-                st.version = _engine_version(http, config.adapter)
-                _stream_suite(http, run, config, events, obs, epoch_ns, st, raw_fd)
-            finally:
-                close_wire(http)  # the rows' own connection, before the server stops
+        _start_and_stream(leg, st, make_http)
         st.status = "complete"
     except KeyboardInterrupt:
         st.status, st.error = "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)"
@@ -497,43 +461,114 @@ def run_leg(
         st.error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        # Each step runs whatever the one before it did (a full disk can fail any
-        # write): the server is stopped and the sampler ended in every case. The first
-        # error of a leg that had none so far is raised after all of them.
-        late: list[BaseException] = []
-
-        def step(action: Callable[[], object]) -> None:
-            try:
-                action()
-            except Exception as exc:
-                late.append(exc)
-
-        if started:
-            cleanup = st.cleanup = server.stop()
-            obs.server_stopped(cleanup)
-            step(lambda: run.write_json(layout.CLEANUP, {**cleanup.model_dump(mode="json"),
-                                                         "passed": cleanup.passed}))
-        if sampler is not None:
-            st.sampler_problem = sampler.stop()
-        if started and st.status != "interrupted":
-            # After an interrupt the user wants out, not a minute of sampling.
-            def after() -> None:
-                with contextlib.suppress(TokrecordError):
-                    st.idle["after"] = _idle_gate(run, probe_set, config.idle, "after", obs)
-            step(after)
-        probe_set.close()
-        if st.idle["before"] is not None:
-            step(lambda: run.write_json(layout.IDLE, {
-                phase: r.model_dump(mode="json") if r else None for phase, r in st.idle.items()}))
-        step(events.close)
-        os.close(raw_fd)
-        if st.status != "complete":
-            # The original error is what the user needs; a second one here must not hide it.
-            with contextlib.suppress(Exception):
-                _write_results(run, config, st, teacher)
-        elif late:
-            raise late[0]
+        _end_leg(leg, st, teacher)
     return _write_results(run, config, st, teacher)
+
+
+@dataclass(frozen=True)
+class _Leg:
+    """What one leg works with from start to end (its state is _LegState)."""
+
+    run: RunDir
+    config: LegConfig
+    obs: LegObserver
+    probe_set: ProbeSet
+    server: ServerProcess
+    events: JsonlWriter
+    raw_fd: int
+    epoch_ns: int
+    argv: list[str]
+    port: int
+
+
+def _leg_server(run: RunDir, config: LegConfig, argv: list[str], port: int) -> ServerProcess:
+    # The leg's name goes to the server as TOKRECORD_LEG: a wrapper script (or the fake
+    # server's seeded leg jitter) may use it; nothing else is added to the arm's env.
+    spec = config.server
+    return ServerProcess(argv, port=port, host=spec.host, log_path=run.file(layout.SERVER_LOG),
+                         env={**spec.env, LEG_ENV: config.name,
+                              RUN_DIR_ENV: str(run.path.resolve())},
+                         stop_grace_s=spec.stop_grace_s)
+
+
+def _start_and_stream(leg: _Leg, st: _LegState,
+                      make_http: Callable[[str, float], httpx.Client]) -> None:
+    """The leg's own steps: the machine's facts, the idle gate, the sampler, the server
+    started to readiness, then every row."""
+    run, config, obs, server = leg.run, leg.config, leg.obs, leg.server
+    spec = config.server
+    run.write_json(layout.PROBES, {"backends": leg.probe_set.backends,
+                                   "notes": leg.probe_set.notes})
+    run.write_json(layout.HARDWARE, describe_hardware(
+        leg.probe_set.snapshot(), cpu=cpu_model(), os=os_name()))
+    st.idle["before"] = before_gate = _idle_gate(run, leg.probe_set, config.idle, "before", obs)
+    if not before_gate.passed:
+        raise IdleTimeout(
+            f"the machine did not become idle within {config.idle.timeout_s:g} s "
+            f"({before_gate.snapshots} snapshots): {before_gate.reason}; the leg did not start")
+    if config.telemetry.enabled:
+        st.sampler = TelemetrySampler(run.file(layout.TELEMETRY), config.telemetry.interval_s,
+                                      leg.epoch_ns)
+        st.sampler.wait_first()
+    obs.server_starting(leg.argv, run.file(layout.SERVER_LOG))
+    server.start()
+    st.started = True
+    # So a later resume can find (and stop) a server orphaned by a hard kill.
+    run.write_json(layout.SERVER_INFO, {"pid": server.pid, "pgid": server.pid, "port": leg.port,
+                                        "argv": redact_argv(leg.argv),
+                                        "create_time": server.create_time})
+    st.ready_s = server.wait_ready(spec.ready_timeout_s, model=spec.request_model,
+                                   on_poll=obs.server_waiting, engine=config.adapter)
+    obs.server_ready(st.ready_s)
+    listening = server.exposed()
+    if listening:
+        obs.server_exposed(listening)
+    with make_http(server.base_url, config.request_timeout_s) as http:
+        try:
+            st.version = _engine_version(http, config.adapter)
+            _stream_suite(http, run, config, leg.events, obs, leg.epoch_ns, st, leg.raw_fd)
+        finally:
+            close_wire(http)  # the rows' own connection, before the server stops
+
+
+def _end_leg(leg: _Leg, st: _LegState, teacher: Teacher | None) -> None:
+    """Each step runs whatever the one before it did (a full disk can fail any write):
+    the server is stopped and the sampler ended in every case. The first error of a leg
+    that had none so far is raised after all of them."""
+    run, config, obs = leg.run, leg.config, leg.obs
+    late: list[BaseException] = []
+
+    def step(action: Callable[[], object]) -> None:
+        try:
+            action()
+        except Exception as exc:
+            late.append(exc)
+
+    if st.started:
+        cleanup = st.cleanup = leg.server.stop()
+        obs.server_stopped(cleanup)
+        step(lambda: run.write_json(layout.CLEANUP, {**cleanup.model_dump(mode="json"),
+                                                     "passed": cleanup.passed}))
+    if st.sampler is not None:
+        st.sampler_problem = st.sampler.stop()
+    if st.started and st.status != "interrupted":
+        # After an interrupt the user wants out, not a minute of sampling.
+        def after() -> None:
+            with contextlib.suppress(TokrecordError):
+                st.idle["after"] = _idle_gate(run, leg.probe_set, config.idle, "after", obs)
+        step(after)
+    leg.probe_set.close()
+    if st.idle["before"] is not None:
+        step(lambda: run.write_json(layout.IDLE, {
+            phase: r.model_dump(mode="json") if r else None for phase, r in st.idle.items()}))
+    step(leg.events.close)
+    os.close(leg.raw_fd)
+    if st.status != "complete":
+        # The original error is what the user needs; a second one here must not hide it.
+        with contextlib.suppress(Exception):
+            _write_results(run, config, st, teacher)
+    elif late:
+        raise late[0]
 
 
 @dataclass
@@ -552,6 +587,8 @@ class _LegState:
     version: dict[str, str] | None = None
     idle: dict[str, IdleResult | None] = field(
         default_factory=lambda: {"before": None, "after": None})
+    started: bool = False  # the server was started: it must be stopped
+    sampler: TelemetrySampler | None = None
 
 
 def _write_inputs(run: RunDir, config: LegConfig, argv: list[str], port: int,

@@ -279,33 +279,14 @@ def send(record_dir: Path, target: Target, options: PayloadOptions, key: ApiKey,
     prepared = prepare(record_dir, target, options, queue=queue, verify=verify, notify=notify)
     facts = prepared.facts
     with ledger.locked():
-        earlier = earlier_submission(record_dir, facts.manifest_sha256, target, ledger)
-        if earlier is not None:
-            raise SubmitError(
-                f"this record (manifest sha256 {facts.manifest_sha256[:16]}…) was already submitted "
-                f"to {target.base_url}: id {earlier.get('submission_id')} at {earlier.get('utc')} "
-                f"(receipt {earlier.get('receipt')}); a record is submitted once — "
-                "use --check to compare the public row")
+        _refuse_resubmission(record_dir, facts, target, ledger)
         notify(f"asking {target.base_url} about itself (openapi.json, agent-context)")
         discovery = target.discover()
         if not discovery.reachable:
             raise SubmitError(f"{target.base_url} is not reachable ({'; '.join(discovery.notes)}); "
                               "nothing was sent")
-        dry = _remote_dry_run(target, prepared.body, key, discovery, sleep, bounds, notify)
-        verification = target.verification(dry) if dry.status in (200, 201) else None
-        if dry.status in (400, 401, 403, 422, 429) or dry.status is None:
-            raise SubmitError(f"the dry run before the send failed, nothing was sent: "
-                              f"{target.explain(dry, key)}")
-        if isinstance(dry.body, dict) and dry.body.get("valid") is False:
-            raise SubmitError("the service's dry run calls the payload invalid "
-                              f"({json.dumps(dry.body)[:400]}); nothing was sent")
-        if verification is not None and not verification.verified:
-            listed = "; ".join(verification.issues) or "no reason given"
-            if not allow_unverified:
-                raise SubmitError(f"the service's dry run calls this run unverified ({listed}); "
-                                  "nothing was sent — fix what it names, or send anyway with "
-                                  "--allow-unverified")
-            notify(f"sending an unverified run (--allow-unverified): {listed}")
+        dry, verification = _dry_run_before_send(target, prepared.body, key, discovery, sleep,
+                                                 bounds, notify, allow_unverified)
 
         def waiting(seconds: float) -> None:
             notify(f"rate limited (429): waiting {seconds:.3f} s as retryAfterMs asks")
@@ -319,36 +300,8 @@ def send(record_dir: Path, target: Target, options: PayloadOptions, key: ApiKey,
                               "is unknown — check the leaderboard before sending again")
         last = next(e for e in reversed(exchanges) if e.status is not None)
         acceptance = target.accept(last)
-        receipt: dict[str, Any] = {
-            "schema": RECEIPT_SCHEMA,
-            "target": target.name,
-            "base_url": target.base_url,
-            "endpoint": discovery.submit_path,
-            "record_manifest_sha256": facts.manifest_sha256,
-            "queue_file": prepared.queue_path.name,
-            "queue_sha256": prepared.queue_sha256,
-            "queue": prepared.built.payload,
-            "derivation": list(prepared.built.derivation),
-            "warnings": list(prepared.built.warnings),
-            "discovery": discovery.to_json(),
-            "auth": f"Bearer key from {key.source} (the key itself is never stored)",
-            "dry_run": {"exchange": dry.to_json(), "verification": _verification_json(verification),
-                        "allow_unverified": allow_unverified},
-            "exchanges": [e.to_json() for e in exchanges],
-            "sent_utc": exchanges[0].utc,
-            "accepted": acceptance.accepted,
-            "http_status": last.status,
-            "submission_id": acceptance.submission_id,
-            "status": acceptance.status,
-            "verified_run": acceptance.verified_run,
-            "verification_issues": acceptance.verification_issues,
-            "rate_limit": dict(acceptance.rate_limit),
-            "retry_after_ms": _retry_after_ms(exchanges),
-            "response": last.body,
-            "error": None if acceptance.accepted else target.explain(last, key),
-        }
-        # Last line of defence: nothing the service echoed may carry the key to disk.
-        receipt = json.loads(key.scrub(json.dumps(receipt)))
+        receipt = _receipt(target, prepared, discovery, key, dry, verification, allow_unverified,
+                           exchanges, last, acceptance)
         receipt_dir = write_addendum(record_dir, RECEIPT_KIND, receipt,
                                      signing_key or load_or_create_key())
         notify(f"receipt sealed: {receipt_dir}")
@@ -361,6 +314,78 @@ def send(record_dir: Path, target: Target, options: PayloadOptions, key: ApiKey,
                 "receipt": str(receipt_dir.resolve()), "queue_sha256": prepared.queue_sha256,
             })
     return SendResult(prepared, discovery, exchanges, acceptance, receipt, receipt_dir, verification)
+
+
+def _refuse_resubmission(record_dir: Path, facts: RecordFacts, target: Target,
+                         ledger: Ledger) -> None:
+    earlier = earlier_submission(record_dir, facts.manifest_sha256, target, ledger)
+    if earlier is not None:
+        raise SubmitError(
+            f"this record (manifest sha256 {facts.manifest_sha256[:16]}…) was already submitted "
+            f"to {target.base_url}: id {earlier.get('submission_id')} at {earlier.get('utc')} "
+            f"(receipt {earlier.get('receipt')}); a record is submitted once — "
+            "use --check to compare the public row")
+
+
+def _dry_run_before_send(target: Target, body: bytes, key: ApiKey, discovery: Discovery,
+                         sleep: Sleep, bounds: Bounds, notify: Notify, allow_unverified: bool
+                         ) -> tuple[Exchange, Verification | None]:
+    """The service's dry run just before the send: a failure, an invalid payload or (unless
+    allowed) an unverified run stops the send."""
+    dry = _remote_dry_run(target, body, key, discovery, sleep, bounds, notify)
+    verification = target.verification(dry) if dry.status in (200, 201) else None
+    if dry.status in (400, 401, 403, 422, 429) or dry.status is None:
+        raise SubmitError(f"the dry run before the send failed, nothing was sent: "
+                          f"{target.explain(dry, key)}")
+    if isinstance(dry.body, dict) and dry.body.get("valid") is False:
+        raise SubmitError("the service's dry run calls the payload invalid "
+                          f"({json.dumps(dry.body)[:400]}); nothing was sent")
+    if verification is not None and not verification.verified:
+        listed = "; ".join(verification.issues) or "no reason given"
+        if not allow_unverified:
+            raise SubmitError(f"the service's dry run calls this run unverified ({listed}); "
+                              "nothing was sent — fix what it names, or send anyway with "
+                              "--allow-unverified")
+        notify(f"sending an unverified run (--allow-unverified): {listed}")
+    return dry, verification
+
+
+def _receipt(target: Target, prepared: Prepared, discovery: Discovery, key: ApiKey,
+             dry: Exchange, verification: Verification | None, allow_unverified: bool,
+             exchanges: tuple[Exchange, ...], last: Exchange, acceptance: Acceptance
+             ) -> dict[str, Any]:
+    """The submission-receipt addendum: every response received, with what was sent."""
+    receipt: dict[str, Any] = {
+        "schema": RECEIPT_SCHEMA,
+        "target": target.name,
+        "base_url": target.base_url,
+        "endpoint": discovery.submit_path,
+        "record_manifest_sha256": prepared.facts.manifest_sha256,
+        "queue_file": prepared.queue_path.name,
+        "queue_sha256": prepared.queue_sha256,
+        "queue": prepared.built.payload,
+        "derivation": list(prepared.built.derivation),
+        "warnings": list(prepared.built.warnings),
+        "discovery": discovery.to_json(),
+        "auth": f"Bearer key from {key.source} (the key itself is never stored)",
+        "dry_run": {"exchange": dry.to_json(), "verification": _verification_json(verification),
+                    "allow_unverified": allow_unverified},
+        "exchanges": [e.to_json() for e in exchanges],
+        "sent_utc": exchanges[0].utc,
+        "accepted": acceptance.accepted,
+        "http_status": last.status,
+        "submission_id": acceptance.submission_id,
+        "status": acceptance.status,
+        "verified_run": acceptance.verified_run,
+        "verification_issues": acceptance.verification_issues,
+        "rate_limit": dict(acceptance.rate_limit),
+        "retry_after_ms": _retry_after_ms(exchanges),
+        "response": last.body,
+        "error": None if acceptance.accepted else target.explain(last, key),
+    }
+    # Last line of defence: nothing the service echoed may carry the key to disk.
+    scrubbed: dict[str, Any] = json.loads(key.scrub(json.dumps(receipt)))
+    return scrubbed
 
 
 # --------------------------------------------------------------------------- check
