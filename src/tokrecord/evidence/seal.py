@@ -33,7 +33,7 @@ import re
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -588,27 +588,8 @@ def _verify_envelope(
     if statement is None:
         return problems
     predicate: dict[str, Any] = statement["predicate"]
-
-    public_key = _load_public_key(predicate.get("public_key"))
-    if public_key is None:
-        problems.append(problem("predicate.public_key", "missing or not an Ed25519 PEM public key"))
-    else:
-        actual_fp = fingerprint_of(_raw_public(public_key))
-        if predicate.get("fingerprint") != actual_fp:
-            problems.append(
-                problem("predicate.fingerprint",
-                        f"says {safe.excerpt(predicate.get('fingerprint'))}, key is {actual_fp}")
-            )
-        if expected_fingerprint is not None and actual_fp != expected_fingerprint:
-            problems.append(
-                problem("fingerprint", f"sealed by key {actual_fp}, expected {expected_fingerprint}")
-            )
-        # keyid is an unauthenticated hint in DSSE, so it selects nothing here:
-        # the seal holds if any signature verifies under the statement's key.
-        signed = pae(str(payload_type), payload)
-        if not any(_verifies(public_key, s, signed) for s in signatures):
-            problems.append(problem("signature", "signature does not verify"))
-
+    problems += [problem(f, m) for f, m in _key_problems(predicate, str(payload_type), payload,
+                                                          signatures, expected_fingerprint)]
     if manifest_bytes is not None:
         claimed = predicate.get("manifest_sha256")
         actual = _sha256(manifest_bytes)
@@ -621,6 +602,30 @@ def _verify_envelope(
                 )
             )
     problems += _compare_subjects(statement["subject"], entries)
+    return problems
+
+
+def _key_problems(predicate: Mapping[str, Any], payload_type: str, payload: bytes,
+                  signatures: list[Any], expected_fingerprint: str | None
+                  ) -> list[tuple[str, str]]:
+    """(field, message) for the statement's key: not an Ed25519 key, a fingerprint that is
+    not the key's or not the one expected, no signature that verifies under it."""
+    public_key = _load_public_key(predicate.get("public_key"))
+    if public_key is None:
+        return [("predicate.public_key", "missing or not an Ed25519 PEM public key")]
+    problems: list[tuple[str, str]] = []
+    actual_fp = fingerprint_of(_raw_public(public_key))
+    if predicate.get("fingerprint") != actual_fp:
+        problems.append(("predicate.fingerprint",
+                         f"says {safe.excerpt(predicate.get('fingerprint'))}, key is {actual_fp}"))
+    if expected_fingerprint is not None and actual_fp != expected_fingerprint:
+        problems.append(("fingerprint",
+                         f"sealed by key {actual_fp}, expected {expected_fingerprint}"))
+    # keyid is an unauthenticated hint in DSSE, so it selects nothing here:
+    # the seal holds if any signature verifies under the statement's key.
+    signed = pae(payload_type, payload)
+    if not any(_verifies(public_key, s, signed) for s in signatures):
+        problems.append(("signature", "signature does not verify"))
     return problems
 
 

@@ -528,26 +528,41 @@ def request_log_gates(
     The engine names the counters that move on any generation and its log's line for
     one generation request."""
     rows_requested = [int(r["row"]) for r in requests]
-    hashes = [o.prompt_sha256 for o in outcomes]
-    gates = []
+    return [_fresh_unique_prompts(outcomes), _single_active(outcomes),
+            _no_warmup(rows_requested, len(requests), metrics_before, server_log,
+                       generation_counters, generation_line),
+            _one_suite_invocation(rows_requested, planned_rows),
+            _zero_retries(rows_requested)]
 
+
+def _fresh_unique_prompts(outcomes: Sequence[RowOutcome]) -> GateResult:
+    hashes = [o.prompt_sha256 for o in outcomes]
     dupes = len(hashes) - len(set(hashes))
-    gates.append(GateResult(
+    return GateResult(
         name=FRESH_UNIQUE_PROMPTS, status=GateStatus.FAIL if dupes else GateStatus.PASS,
         count=_fraction(len(set(hashes)), len(hashes)),
         reason=f"{dupes} repeated prompts" if dupes else
         "every prompt unique, each sent once to a server started for this leg",
-        evidence={"prompt_sha256": hashes}))
+        evidence={"prompt_sha256": hashes})
 
+
+def _single_active(outcomes: Sequence[RowOutcome]) -> GateResult:
     overlaps = [
         (a.row, b.row) for a, b in itertools.pairwise(outcomes) if b.t_send_ns < a.t_end_ns
     ]
-    gates.append(GateResult(
+    return GateResult(
         name=SINGLE_ACTIVE_GENERATION, status=GateStatus.FAIL if overlaps else GateStatus.PASS,
         reason=f"requests overlapped: {overlaps}" if overlaps else
         "each request was sent after the previous stream ended",
-        evidence={"overlaps": overlaps}))
+        evidence={"overlaps": overlaps})
 
+
+def _no_warmup(rows_requested: Sequence[int], n_requests: int,
+               metrics_before: Mapping[str, float] | None, server_log: str,
+               generation_counters: Sequence[str], generation_line: re.Pattern[str] | None
+               ) -> GateResult:
+    """Row 0 came first, the engine's generation counters were 0 before it, and its log
+    shows no more generation requests than the harness sent."""
     evidence: dict[str, Any] = {"first_request_row": rows_requested[0] if rows_requested else None}
     problems = []
     if rows_requested and rows_requested[0] != 0:
@@ -559,30 +574,33 @@ def request_log_gates(
             problems.append(f"the server had generated before row 0: {served}")
     logged = len(generation_line.findall(server_log)) if generation_line is not None else None
     evidence["generation_requests_in_server_log"] = logged
-    if logged is not None and logged > len(requests):
+    if logged is not None and logged > n_requests:
         problems.append(f"the server log shows {logged} generation requests, the harness sent "
-                        f"{len(requests)}")
-    gates.append(GateResult(
+                        f"{n_requests}")
+    return GateResult(
         name=NO_WARMUP_GENERATION, status=GateStatus.FAIL if problems else GateStatus.PASS,
         reason="; ".join(problems) or "the first request the server received was row 0"
         + (" (its generation counters were 0 before it)" if "server_counters_before_suite"
            in evidence else ""),
-        evidence=evidence))
+        evidence=evidence)
 
+
+def _one_suite_invocation(rows_requested: list[int], planned_rows: int) -> GateResult:
     in_order = rows_requested == list(range(len(rows_requested)))
-    gates.append(GateResult(
+    return GateResult(
         name=ONE_SUITE_INVOCATION, status=GateStatus.PASS if in_order else GateStatus.FAIL,
         count=str(1 if in_order else 0),
         reason="rows requested once each, in suite order" if in_order else
         f"rows requested out of order or repeated: {rows_requested}",
-        evidence={"rows_requested": rows_requested, "rows_planned": planned_rows}))
+        evidence={"rows_requested": rows_requested, "rows_planned": planned_rows})
 
+
+def _zero_retries(rows_requested: Sequence[int]) -> GateResult:
     retries = len(rows_requested) - len(set(rows_requested))
-    gates.append(GateResult(
+    return GateResult(
         name=ZERO_RETRIES, status=GateStatus.FAIL if retries else GateStatus.PASS,
         count=str(retries), reason=f"{retries} rows were requested again" if retries
-        else "no row was requested twice", evidence={}))
-    return gates
+        else "no row was requested twice", evidence={})
 
 
 def first_valid_score(attempt: int, earlier: Sequence[str | None] = ()) -> GateResult:
