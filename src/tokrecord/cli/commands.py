@@ -42,6 +42,7 @@ from tokrecord.experiment.audit import audit_suite, judge_audit
 from tokrecord.experiment.leg import LegConfig, LegResult, run_leg, teacher_from_run
 from tokrecord.experiment.plan import Plan, load_plan
 from tokrecord.experiment.power import min_detectable_effect, plan_noise, power_report
+from tokrecord.experiment.prior_check import PriorObservation
 from tokrecord.experiment.runner import (
     default_experiment_dir,
     experiment_lock,
@@ -52,6 +53,7 @@ from tokrecord.experiment.sequential import SequentialAnalysis
 from tokrecord.experiment.stats import VerdictAnalysis
 from tokrecord.gates import TEACHER_EXACT, GateResult
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
+from tokrecord.jsontypes import JSONObject
 from tokrecord.metrics import Convention
 from tokrecord.record.build import build_record, finish
 from tokrecord.record.lint import lint_untrusted
@@ -81,7 +83,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return _parse_kv(pairs, "--env")
 
 
-def _load_toml(path: Path) -> dict[str, Any]:
+def _load_toml(path: Path) -> JSONObject:
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
@@ -133,8 +135,8 @@ def _leg_config(
 ) -> LegConfig:
     """A LegConfig from a TOML file and/or options (options win); errors name the key."""
     source = str(config) if config else "options"
-    raw: dict[str, Any] = _load_toml(config) if config else {}
-    server_raw: dict[str, Any] = dict(raw.pop("server", {}))
+    raw: JSONObject = _load_toml(config) if config else {}  # validated by LegConfig below
+    server_raw: JSONObject = dict(raw.pop("server", {}))
     if server_cmd is not None:
         server_raw["argv"] = shlex.split(server_cmd)
     for key, value in (("model", model), ("served_model", served_model), ("port", port),
@@ -149,7 +151,7 @@ def _leg_config(
         raise ConfigError("no model: give --model or [server] model in --config")
     suite_path = suite or (Path(raw.pop("suite")) if "suite" in raw else None)
     request = raw.pop("request", {})
-    leg_raw: dict[str, Any] = {
+    leg_raw: JSONObject = {
         **raw,
         "server": server_raw,
         "suite": _suite(suite_path, rows),
@@ -279,7 +281,7 @@ class _PriorCheckObserver(RichExperimentObserver):
     preregistered (preregistration refuses a directory with anything in it) and before
     any server starts: the first leg callback comes after preregistration, before a leg."""
 
-    def __init__(self, console: Console, exp_dir: Path, observation: dict[str, Any] | None,
+    def __init__(self, console: Console, exp_dir: Path, observation: PriorObservation | None,
                  show_log_tail: bool = False) -> None:
         super().__init__(console, show_log_tail=show_log_tail)
         self._exp_dir = exp_dir
@@ -299,7 +301,7 @@ class _PriorCheckObserver(RichExperimentObserver):
         super().leg_kept(name, result)
 
 
-def _prior_text(observation: dict[str, Any]) -> str:
+def _prior_text(observation: PriorObservation) -> str:
     if not observation.get("rechecked"):
         return f"prior {observation.get('prior_id')}: {observation.get('reason')}"
     return (f"prior {observation['prior_id']} rechecked on {observation['base_url']} at "
@@ -309,8 +311,8 @@ def _prior_text(observation: dict[str, Any]) -> str:
 
 def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None,
                   show_log_tail: bool = False,
-                  prior_check: dict[str, Any] | None = None
-                  ) -> tuple[dict[str, Any], dict[str, LegResult]]:
+                  prior_check: PriorObservation | None = None
+                  ) -> tuple[JSONObject, dict[str, LegResult]]:
     err_console.print(
         f"[bold]experiment[/] {plan.name} ({plan.design.value}), plan sha256 {plan.sha256[:16]}… "
         f"preregistered in {exp_dir}"
@@ -327,7 +329,7 @@ def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None,
                          "public_key_pem": key.public_key_pem}
         path = finish(exp_dir, built, key)
     # The record on disk: after a kill while finishing, it is the one written then.
-    record: dict[str, Any] = read_json(path, ConfigError)
+    record: JSONObject = read_json(path, ConfigError)
     if plan.design.value == "single":
         print_leg(out_console, err_console, results["B1"])
         print_gates(out_console, results["B1"])
@@ -606,7 +608,7 @@ def addendum(
     if problems:
         raise ConfigError(f"{directory} does not verify ({len(problems)} problems): an addendum "
                           "must not vouch for altered evidence; run tokrecord verify")
-    body: dict[str, Any] = {}
+    body: JSONObject = {}  # the user's --payload file, as given
     if payload is not None:
         try:
             body = json.loads(payload.read_text(encoding="utf-8"))

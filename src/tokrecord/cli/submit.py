@@ -13,6 +13,7 @@ from rich.text import Text
 
 from tokrecord.evidence.safe import terminal_safe
 from tokrecord.evidence.trust import Signer
+from tokrecord.jsontypes import JSONObject
 from tokrecord.record.verify import signer_of
 from tokrecord.submit import (
     ApiKey,
@@ -56,7 +57,7 @@ def _cell(value: Any) -> str:
     return f"{text[:CELL_CHARS]}… ({len(text):,} characters; all of it in the queue file)"
 
 
-def _payload_table(payload: dict[str, Any]) -> Table:
+def _payload_table(payload: JSONObject) -> Table:
     table = Table(title="payload (long values cut; the queue file has them whole)",
                   show_header=True, header_style="bold")
     table.add_column("field")
@@ -115,8 +116,10 @@ def _print_send(result: SendResult) -> None:
     for exchange in result.exchanges:
         waited = f" after waiting {exchange.waited_s:.3f} s" if exchange.waited_s else ""
         out_console.print(Text(f"POST {exchange.url}{waited}: HTTP {exchange.status}"))
-    summary = {k: r[k] for k in ("accepted", "http_status", "submission_id", "status", "verified_run",
-                                 "verification_issues", "rate_limit", "queue_sha256")}
+    summary = {"accepted": r["accepted"], "http_status": r["http_status"],
+               "submission_id": r["submission_id"], "status": r["status"],
+               "verified_run": r["verified_run"], "verification_issues": r["verification_issues"],
+               "rate_limit": r["rate_limit"], "queue_sha256": r["queue_sha256"]}
     out_console.print_json(json.dumps(summary))
     out_console.print(Text(f"receipt (sealed addendum): {result.receipt_dir}"))
 

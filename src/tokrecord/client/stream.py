@@ -29,6 +29,7 @@ from tokrecord.client.sse import SSEDecoder
 from tokrecord.client.wire import Head, Wire, parse_head, request_bytes, wire_for
 from tokrecord.engines import CountSource, Endpoint, Engine, StreamParser
 from tokrecord.errors import StreamError
+from tokrecord.jsontypes import JSONObject
 from tokrecord.metrics import Chunk
 from tokrecord.suite import SuiteRow
 
@@ -80,7 +81,7 @@ def build_body(
     extra: Mapping[str, Any] | None = None,
     *,
     engine: Engine,
-) -> dict[str, Any]:
+) -> JSONObject:
     """The request for one row in the engine's dialect."""
     return engine.build_body(endpoint, model, row, extra)
 

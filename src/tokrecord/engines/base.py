@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict
 
 from tokrecord.errors import StreamError
+from tokrecord.jsontypes import JSONObject
 from tokrecord.metrics.engine import MetricNames
 from tokrecord.metrics.logfacts import LogExtractor
 from tokrecord.suite import SuiteRow
@@ -83,9 +84,9 @@ class StreamParser:
     finished: bool = False
     # What the engine said about the request at its end (llama.cpp's timings,
     # SGLang's meta_info): kept verbatim for the evidence, never computed on.
-    engine_timings: dict[str, Any] | None = None
+    engine_timings: JSONObject | None = None
 
-    def parse(self, obj: dict[str, Any]) -> Parsed:
+    def parse(self, obj: JSONObject) -> Parsed:
         raise NotImplementedError
 
     def _take(self, n: int, ids: list[int] | None, source: CountSource, text: str,
@@ -264,7 +265,7 @@ class Engine:
         return self.native_path
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
-                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   extra: Mapping[str, Any] | None = None) -> JSONObject:
         """One row's request in this engine's dialect, asking for a token count on every
         chunk; `extra` (the plan's request_extra) is merged over it."""
         raise NotImplementedError

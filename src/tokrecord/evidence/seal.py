@@ -36,7 +36,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import rfc8785
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
@@ -48,6 +48,7 @@ from tokrecord.errors import TokrecordError
 from tokrecord.evidence import safe, write_exclusive
 from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.identity.hashing import manifest_text, sha256_file
+from tokrecord.jsontypes import JSONObject
 
 MANIFEST_NAME = "manifest.sha256"
 SIGNATURE_NAME = "manifest.sig.json"
@@ -358,13 +359,56 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(type_bytes), type_bytes, len(payload), payload)
 
 
+class _Subject(TypedDict):
+    name: str
+    digest: dict[str, str]
+
+
+class _Predicate(TypedDict):
+    manifest_sha256: str
+    public_key: str
+    fingerprint: str
+    sealed_utc: str
+
+
+# The in-toto statement a seal signs.
+class _Statement(TypedDict):
+    _type: str
+    subject: list[_Subject]
+    predicateType: str
+    predicate: _Predicate
+
+
+class _Signature(TypedDict):
+    keyid: str
+    sig: str
+
+
+class _Envelope(TypedDict):
+    payloadType: str
+    payload: str
+    signatures: list[_Signature]
+
+
+class AddendumDocument(TypedDict):
+    schema: str
+    kind: str
+    parent_manifest_sha256: str
+    created_utc: str
+    payload: Mapping[str, Any]
+
+
+def _rfc8785(document: Mapping[str, Any]) -> bytes:
+    return rfc8785.dumps(document)
+
+
 def sign_manifest(directory: Path, key: SigningKey) -> Path:
     """Write ``manifest.sig.json``: a DSSE envelope over an in-toto statement of the manifest."""
     manifest_bytes = (directory / MANIFEST_NAME).read_bytes()
     entries, errors = parse_manifest(manifest_bytes)
     if errors:
         raise SealError(f"cannot sign {directory / MANIFEST_NAME}: {'; '.join(errors)}")
-    statement: dict[str, Any] = {
+    statement: _Statement = {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": rel, "digest": {"sha256": digest}} for rel, digest in entries],
         "predicateType": PREDICATE_TYPE,
@@ -377,8 +421,8 @@ def sign_manifest(directory: Path, key: SigningKey) -> Path:
     }
     # RFC 8785 so that a statement has exactly one byte form: anyone re-deriving
     # it from the parsed JSON gets the bytes that were signed.
-    payload = rfc8785.dumps(statement)
-    envelope: dict[str, Any] = {
+    payload = _rfc8785(statement)
+    envelope: _Envelope = {
         "payloadType": DSSE_PAYLOAD_TYPE,
         "payload": base64.b64encode(payload).decode("ascii"),
         "signatures": [
@@ -387,7 +431,7 @@ def sign_manifest(directory: Path, key: SigningKey) -> Path:
     }
     target = directory / SIGNATURE_NAME
     try:
-        write_exclusive(target, rfc8785.dumps(envelope) + b"\n")
+        write_exclusive(target, _rfc8785(envelope) + b"\n")
     except FileExistsError as exc:
         raise SealError(f"{target} already exists; a sealed directory is never re-sealed") from exc
     return target
@@ -587,7 +631,7 @@ def _verify_envelope(
     problems += [problem(f, m) for f, m in statement_problems]
     if statement is None:
         return problems
-    predicate: dict[str, Any] = statement["predicate"]
+    predicate: JSONObject = statement["predicate"]
     problems += [problem(f, m) for f, m in _key_problems(predicate, str(payload_type), payload,
                                                           signatures, expected_fingerprint)]
     if manifest_bytes is not None:
@@ -629,7 +673,7 @@ def _key_problems(predicate: Mapping[str, Any], payload_type: str, payload: byte
     return problems
 
 
-def _parse_statement(payload: bytes) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
+def _parse_statement(payload: bytes) -> tuple[JSONObject | None, list[tuple[str, str]]]:
     try:
         statement = safe.parse_json(payload, "payload")
     except safe.UnsafeEvidence as exc:
@@ -732,7 +776,7 @@ def addenda_dir(parent_dir: Path) -> Path:
 def write_addendum(
     parent_dir: Path,
     kind: str,
-    payload: dict[str, Any],
+    payload: Mapping[str, Any],
     key: SigningKey,
     addenda_root: Path | None = None,
 ) -> Path:
@@ -747,7 +791,7 @@ def write_addendum(
     parent_manifest = _read_plain(parent_dir / MANIFEST_NAME)
     if parent_manifest is None or _read_plain(parent_dir / SIGNATURE_NAME) is None:
         raise SealError(f"{parent_dir} is not sealed; addenda attach only to sealed directories")
-    document: dict[str, Any] = {
+    document: AddendumDocument = {
         "schema": ADDENDUM_SCHEMA,
         "kind": kind,
         "parent_manifest_sha256": _sha256(parent_manifest),
@@ -756,7 +800,7 @@ def write_addendum(
     }
     # Serialise before creating anything, so a payload RFC 8785 refuses (NaN,
     # integers beyond 2**53) leaves no empty numbered directory behind.
-    body = rfc8785.dumps(document) + b"\n"
+    body = _rfc8785(document) + b"\n"
 
     root = addenda_root if addenda_root is not None else addenda_dir(parent_dir)
     root.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -52,6 +52,7 @@ from tokrecord.gates import (
     leg_valid,
 )
 from tokrecord.gates.teacher import Teacher, TeacherRow
+from tokrecord.jsontypes import JSONObject
 from tokrecord.metrics import (
     Convention,
     EngineCounters,
@@ -135,7 +136,7 @@ class LegConfig(BaseModel):
     engine: EngineName | None = None
     endpoint: Endpoint = Endpoint.COMPLETIONS
     headline: Convention = Convention.CONVENTIONAL
-    request_extra: dict[str, Any] = Field(default_factory=dict)
+    request_extra: JSONObject = Field(default_factory=dict)  # merged into the wire body
     request_timeout_s: float = Field(default=600.0, gt=0)
     row_limits: RowLimits = Field(default_factory=RowLimits)
     gates: GateConfig = Field(default_factory=GateConfig)
@@ -270,7 +271,7 @@ def _scrape(http: httpx.Client, path: str | None) -> str | None:
     return resp.text
 
 
-def _redacted_leg(config: LegConfig) -> dict[str, Any]:
+def _redacted_leg(config: LegConfig) -> JSONObject:
     """The leg's configuration as evidence: secret-looking env values and flag values
     redacted (evidence.redact), their names kept."""
     leg = config.model_dump(mode="json", exclude={"suite"})
@@ -279,7 +280,45 @@ def _redacted_leg(config: LegConfig) -> dict[str, Any]:
     return leg
 
 
-def _resolved_config(config: LegConfig, argv: list[str], port: int) -> dict[str, Any]:
+class _SuiteRef(TypedDict):
+    name: str
+    sha256: str
+    rows: int
+
+
+class _EngineRef(TypedDict):
+    name: str
+    inferred: bool
+
+
+class _Client(TypedDict):
+    python: str
+    platform: str
+    pid: int
+
+
+class _Clock(TypedDict):
+    source: str
+    unit: str
+    epoch_ns: str
+
+
+class ConfigFile(TypedDict):
+    """config.json: the leg as configured (secrets redacted) and as resolved."""
+
+    schema: str
+    tokrecord_version: str
+    leg: JSONObject  # LegConfig's JSON form, redacted
+    suite: _SuiteRef
+    resolved_argv: list[str]
+    engine: _EngineRef
+    port: int
+    client: _Client
+    clock: _Clock
+
+
+def _resolved_config(config: LegConfig, argv: list[str], port: int, epoch_ns: int
+                     ) -> ConfigFile:
     return {
         "schema": SCHEMA_CONFIG,
         "tokrecord_version": __version__,
@@ -291,6 +330,7 @@ def _resolved_config(config: LegConfig, argv: list[str], port: int) -> dict[str,
         "port": port,
         "client": {"python": sys.version.split()[0], "platform": platform.platform(),
                    "pid": os.getpid()},
+        "clock": {"source": CLOCK_SOURCE, "unit": "ns since epoch", "epoch_ns": str(epoch_ns)},
     }
 
 
@@ -313,7 +353,7 @@ def compute_leg(
 
 
 def leg_telemetry(records: list[RowRecord], config: LegConfig, summary: LegSummary,
-                  samples: list[dict[str, Any]]) -> TelemetrySummary | None:
+                  samples: list[JSONObject]) -> TelemetrySummary | None:
     """Power and energy over the suite window: first request sent to last byte."""
     if not config.telemetry.enabled:
         return None
@@ -325,8 +365,8 @@ def leg_telemetry(records: list[RowRecord], config: LegConfig, summary: LegSumma
         output_tokens=sum(r.trace.n_tokens for r in records), headline_tok_s=summary.tok_s_out)
 
 
-def covariates_of(records: list[RowRecord], samples: list[dict[str, Any]],
-                  idle_before: list[dict[str, Any]], ready_s: float | None) -> LegCovariates:
+def covariates_of(records: list[RowRecord], samples: list[JSONObject],
+                  idle_before: list[JSONObject], ready_s: float | None) -> LegCovariates:
     """The leg's covariates over the same suite window as its telemetry summary."""
     window = None
     if records:
@@ -336,7 +376,7 @@ def covariates_of(records: list[RowRecord], samples: list[dict[str, Any]],
                           first_ttft_ms=first)
 
 
-def idle_snapshots(path: Path) -> list[dict[str, Any]]:
+def idle_snapshots(path: Path) -> list[JSONObject]:
     """An idle gate's kept snapshots; none when it kept no file."""
     return read_jsonl(path, skip_torn=True) if path.exists() else []
 
@@ -352,12 +392,12 @@ class LegInputs:
     metrics_after: Mapping[str, float] | None
     events: Sequence[Mapping[str, Any]]  # events.jsonl's lines
     server_log: str
-    telemetry: list[dict[str, Any]]  # the sampler's rows (telemetry.jsonl)
+    telemetry: list[JSONObject]  # the sampler's rows (telemetry.jsonl)
     cleanup: CleanupReport | None
     teacher: Teacher | None
     idle: Mapping[str, IdleResult | None]
     # The idle gate's snapshots before the leg; None: the leg recorded no covariates.
-    idle_before_snapshots: list[dict[str, Any]] | None
+    idle_before_snapshots: list[JSONObject] | None
     ready_seconds: float | None
     earlier_attempts: tuple[str | None, ...]
     # False for a leg sealed before the probes (record.migrate.leg_has_probes): it has
@@ -593,9 +633,7 @@ class _LegState:
 
 def _write_inputs(run: RunDir, config: LegConfig, argv: list[str], port: int,
                   epoch_ns: int) -> None:
-    run.write_json(layout.CONFIG, {**_resolved_config(config, argv, port), "clock": {
-        "source": CLOCK_SOURCE, "unit": "ns since epoch",
-        "epoch_ns": str(epoch_ns)}})
+    run.write_json(layout.CONFIG, _resolved_config(config, argv, port, epoch_ns))
     run.write_bytes(
         layout.SUITE, b"".join(canonical_json(r.model_dump()) + b"\n" for r in config.suite.rows)
     )
@@ -712,14 +750,14 @@ def evaluate_gates(
     cleanup: CleanupReport | None,
     teacher: Teacher | None,
     *,
-    requests: list[dict[str, Any]],
+    requests: list[JSONObject],
     metrics_before: Mapping[str, float] | None,
     server_log: str,
     idle: Mapping[str, IdleResult | None] | None,
     rule: int = EXACTNESS_RULE,
     version: int = 0,
     earlier_attempts: tuple[str | None, ...] = (),
-    telemetry: list[dict[str, Any]] | None = None,
+    telemetry: list[JSONObject] | None = None,
 ) -> list[GateResult]:
     """Every quality gate of one leg, from what the leg recorded (the registry,
     gates.GATES, says which). `idle` None: the evidence predates idle gates (verifying

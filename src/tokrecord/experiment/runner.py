@@ -91,6 +91,7 @@ from tokrecord.experiment.sweep import SweepSequential
 from tokrecord.experiment.sweep_sequential import leg_exact, plan_sequential_sweep
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.identity import Identity, IdentitySpec, collect_identity, manifest_text
+from tokrecord.jsontypes import JSONObject
 from tokrecord.server import xllamacpp
 from tokrecord.server.process import resolve_program, servers_of_run
 from tokrecord.suite import Suite, load_suite
@@ -683,7 +684,7 @@ def mark_complete(exp_dir: Path, record_path: Path) -> None:
     _State(exp_dir / STATE).append(Complete(record=str(record_path)))
 
 
-def attempts_log(exp_dir: Path) -> list[dict[str, Any]]:
+def attempts_log(exp_dir: Path) -> list[JSONObject]:
     """Every leg attempt with its outcome, from the state log."""
     return [
         {"leg": e.leg, "attempt": e.attempt, "status": e.status, "valid": e.valid,
@@ -692,9 +693,9 @@ def attempts_log(exp_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-def leg_identities(exp_dir: Path) -> dict[str, dict[str, Any]]:
+def leg_identities(exp_dir: Path) -> dict[str, JSONObject]:
     """Per leg, the identity check of its last attempt (the one a record counts)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, JSONObject] = {}
     for e in _read(exp_dir):
         if isinstance(e, LegIdentity):
             out[e.leg] = {"identity_sha256": e.identity_sha256,

@@ -21,6 +21,8 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tokrecord.jsontypes import JSONObject
+
 SCHEMA_COVARIATES: Final = "tokrecord.leg-covariates/v1"
 
 # Names a noise diagnostic can test, with what each means; units are in the names.
@@ -147,7 +149,7 @@ def from_telemetry_summary(telemetry: Mapping[str, Any] | None, *,
 _MAX_FILE_BYTES: Final = 64 * 2**20
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path) -> list[JSONObject]:
     if not path.is_file() or path.is_symlink() or path.stat().st_size > _MAX_FILE_BYTES:
         return []
     out = []

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tokrecord.jsontypes import JSONObject
 from tokrecord.submit.facts import RecordFacts, SubmitError
 
 Sleep = Callable[[float], None]
@@ -72,7 +73,7 @@ class PayloadOptions:
 class Built:
     """A payload and, per field, where it came from (kept in the receipt and printed)."""
 
-    payload: dict[str, Any]
+    payload: JSONObject
     derivation: tuple[str, ...]
     warnings: tuple[str, ...] = ()
 
