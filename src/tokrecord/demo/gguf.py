@@ -22,7 +22,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 import gguf
 import numpy as np
@@ -248,7 +248,13 @@ def _write_hparams(writer: gguf.GGUFWriter, config: Mapping[str, Any], name: str
     writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
 
 
-def gguf_spec(model_dir: Path) -> dict[str, Any]:
+class GgufSpec(TypedDict):
+    converter_version: int
+    source: dict[str, str]  # the HF model's file hashes (model_manifest)
+    versions: dict[str, str]
+
+
+def gguf_spec(model_dir: Path) -> GgufSpec:
     """Everything that determines the GGUF bytes; its hash names the GGUF cache directory."""
     return {
         "converter_version": CONVERTER_VERSION,

@@ -11,6 +11,7 @@ read it without importing the submission stage. The document is
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, NotRequired, TypedDict, cast
 
@@ -38,7 +39,7 @@ class PriorObservation(TypedDict):
     status: NotRequired[str | None]
     tok_s_out: NotRequired[float | None]
     created_at: NotRequired[str | None]
-    exchange: NotRequired[dict[str, object]]
+    exchange: NotRequired[Mapping[str, object]]  # submit.target.ExchangeJSON
     match: NotRequired[bool]
     refused: NotRequired[str | None]
 

@@ -33,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 import psutil
 
@@ -426,7 +426,16 @@ def _identity_bytes(identity: Identity) -> bytes:
     return canonical_json(identity.model_dump(mode="json")) + b"\n"
 
 
-def check_identity(plan: Plan, exp_dir: Path) -> dict[str, Any]:
+class IdentityCheck(TypedDict):
+    """The identity collected again before a leg, against the preregistered one (the
+    journal's LegIdentity fields)."""
+
+    identity_sha256: str
+    matches_preregistered: bool
+    changed: list[str]
+
+
+def check_identity(plan: Plan, exp_dir: Path) -> IdentityCheck:
     """Identity collected again, just before a leg, against the preregistered identity.json:
     its sha256, whether it matches, and which of its parts changed (names, not guesses)."""
     with tempfile.TemporaryDirectory(prefix="tokrecord-identity-") as tmp:
@@ -466,7 +475,7 @@ def _run_attempts(
     index: int,
     total: int,
     before_run: Callable[[], None] = lambda: None,
-    identity: Callable[[], dict[str, Any]] | None = None,
+    identity: Callable[[], IdentityCheck] | None = None,
     stopped: set[tuple[str, int]] | None = None,
 ) -> LegResult:
     """Keep a complete attempt; else mark earlier ones interrupted, wait `before_run`

@@ -53,7 +53,9 @@ from tokrecord.submit.target import (
     ApiKey,
     Built,
     Discovery,
+    DiscoveryJSON,
     Exchange,
+    ExchangeJSON,
     PayloadOptions,
     Sleep,
     Target,
@@ -221,7 +223,7 @@ class VerificationJSON(TypedDict):
 
 
 class DryRunJSON(TypedDict):
-    exchange: JSONObject
+    exchange: ExchangeJSON
     verification: VerificationJSON | None
     allow_unverified: bool
 
@@ -239,10 +241,10 @@ class Receipt(TypedDict):
     queue: JSONObject  # the payload as sent (the service's wire form)
     derivation: list[str]
     warnings: list[str]
-    discovery: JSONObject
+    discovery: DiscoveryJSON
     auth: str
     dry_run: DryRunJSON
-    exchanges: list[JSONObject]
+    exchanges: list[ExchangeJSON]
     sent_utc: str | None
     accepted: bool
     http_status: int | None
@@ -484,8 +486,8 @@ class CheckRecord(TypedDict):
     fields_compared: int
     mismatches: list[FieldComparison]
     fields: list[FieldComparison]
-    exchange: JSONObject
-    rate_limited: list[JSONObject]
+    exchange: ExchangeJSON
+    rate_limited: list[ExchangeJSON]
     text: str
 
 

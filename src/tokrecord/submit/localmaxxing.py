@@ -39,6 +39,7 @@ from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.gates import SINGLE_ACTIVE_GENERATION, GateStatus
 from tokrecord.identity import SourceIdentity
 from tokrecord.identity.model import ModelIdentity
+from tokrecord.jsontypes import JSONObject
 from tokrecord.record.schema import (
     AbbaRecord,
     AnyRecord,
@@ -106,11 +107,11 @@ def quantization_from_argv(argv: Sequence[str]) -> tuple[str | None, str]:
     return facts.quantization, facts.quantization_source
 
 
-def _speculative(config: SpeculativeConfig | None) -> tuple[dict[str, Any], list[str]]:
+def _speculative(config: SpeculativeConfig | None) -> tuple[JSONObject, list[str]]:
     """The payload's speculative flags, from the engine adapter's reading of the argv."""
     if config is None:
         return {"specDecoding": False}, []
-    out: dict[str, Any] = {"specDecoding": True}
+    out: JSONObject = {"specDecoding": True}
     if config.method != "unknown":
         out["specMethod"] = config.method
     if config.num_speculative_tokens is not None:
@@ -141,13 +142,13 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def _hardware(record: AnyRecord) -> dict[str, Any]:
+def _hardware(record: AnyRecord) -> JSONObject:
     hw = record.hardware
     if hw is None:
         raise SubmitError("record.json has no hardware section (it predates the hardware probes); "
                           "LocalMaxxing needs the hardware a record was measured on, and tokrecord "
                           "takes it only from the record's own probes — re-run the experiment")
-    out: dict[str, Any] = {"hwClass": hw.hw_class, "cpu": hw.cpu, "ramGb": hw.ram_gb, "os": hw.os}
+    out: JSONObject = {"hwClass": hw.hw_class, "cpu": hw.cpu, "ramGb": hw.ram_gb, "os": hw.os}
     if hw.hw_class == "DISCRETE_GPU":
         out.update(gpuName=hw.gpu_name, gpuCount=hw.gpu_count, vramGb=hw.vram_gb)
     elif hw.hw_class == "UNIFIED" and hw.gpu_name:
@@ -305,7 +306,7 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
     flags = _engine_flags(facts, launch, single, notes)
     out_sha = _output_hash(facts, notes)
     extra = _verified_fields(facts, engine, notes)
-    payload: dict[str, Any] = {
+    payload: JSONObject = {  # the service's wire form, checked by contract.SpeedTest
         "hfId": hf_id,
         "modelRevision": revision,
         "hardware": hardware,
@@ -394,7 +395,7 @@ def _quantization(launch: LaunchFacts, weights: ModelIdentity | None, options: P
 
 
 def _engine_flags(facts: RecordFacts, launch: LaunchFacts, single: bool,
-                  notes: _Derived) -> dict[str, Any]:
+                  notes: _Derived) -> JSONObject:
     """engineFlags: the adapter's reading of the argv, the engine's speculative counters,
     the request's temperature and the command itself."""
     flags, flag_notes = _speculative(launch.speculative)
