@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple, NotRequired, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -264,6 +264,60 @@ def exactness(outcomes: Sequence[RowOutcome], teacher: Teacher | None,
     }
 
 
+# Each gate's evidence, as its check builds it (GateResult.evidence holds any gate's).
+class _RowByText(TypedDict):
+    row: int
+    row_id: str
+    why: str | None
+    ids_checked: int
+
+
+class _TeacherExactEvidence(TypedDict):
+    compared_by: list[str]
+    teacher_sha256: str
+    divergences: list[Mapping[str, object]]  # Divergence's JSON form
+    fallback: NotRequired[str]  # rule 1
+    rows_by_token_ids: NotRequired[int]  # rule 2
+    rows_by_text: NotRequired[list[_RowByText]]  # rule 2
+    rows_missing_from_leg: NotRequired[int]
+
+
+class _LongContextEvidence(TypedDict):
+    threshold: int
+    longest_row: int
+    longest_prompt_tokens: int | None
+    pairs: NotRequired[list[tuple[int, int]]]
+
+
+class _CountProblem(TypedDict):
+    row: int
+    problem: str
+
+
+class _NoWarmupEvidence(TypedDict):
+    first_request_row: int | None
+    server_counters_before_suite: NotRequired[dict[str, float]]
+    generation_requests_in_server_log: NotRequired[int | None]
+
+
+class _AttemptsEvidence(TypedDict):
+    attempts: int
+    earlier: list[str | None]
+
+
+class _DeviceClocks(TypedDict):
+    samples: int
+    sm_clock_mhz_min: float
+    sm_clock_mhz_max: float
+    drop_pct: float
+    throttle_reasons: list[str] | None
+
+
+class _ClocksEvidence(TypedDict):
+    drop_max_pct: float
+    devices: dict[str, _DeviceClocks]
+
+
 def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None,
                   rule: int = EXACTNESS_RULE) -> GateResult:
     name = TEACHER_EXACT
@@ -273,7 +327,7 @@ def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None,
     by_index = {r.row: r for r in teacher.rows}
     divergences: list[Divergence] = []
     modes = set()
-    by_text: list[dict[str, Any]] = []
+    by_text: list[_RowByText] = []
     for o in outcomes:
         t = by_index.get(o.row)
         if t is None:
@@ -290,8 +344,9 @@ def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None,
             divergences.append(d)
     exact = len(outcomes) - len(divergences)
     missing = len(teacher.rows) - len(outcomes)
-    evidence: dict[str, Any] = {"compared_by": sorted(modes), "teacher_sha256": teacher.sha256,
-                                "divergences": [d.model_dump() for d in divergences]}
+    evidence: _TeacherExactEvidence = {
+        "compared_by": sorted(modes), "teacher_sha256": teacher.sha256,
+        "divergences": [d.model_dump() for d in divergences]}
     if rule < EXACTNESS_RULE:
         if "text" in modes:
             evidence["fallback"] = "some rows compared by text: the server returned no token ids"
@@ -306,13 +361,13 @@ def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None,
                   if divergences else f"the leg has {len(outcomes)} rows, the teacher "
                   f"{len(teacher.rows)}")
         return GateResult(name=name, status=GateStatus.FAIL, count=_fraction(exact, len(outcomes)),
-                          reason=reason, evidence=evidence)
+                          reason=reason, evidence=dict(evidence))
     if rule < EXACTNESS_RULE:
         said = "every row matches the teacher " + "/".join(sorted(modes))
     else:
         said = "every row matches the teacher: " + compared_by_phrase(evidence, len(outcomes))
     return GateResult(name=name, status=GateStatus.PASS, count=_fraction(exact, len(outcomes)),
-                      reason=said, evidence=evidence)
+                      reason=said, evidence=dict(evidence))
 
 
 def compared_by_phrase(evidence: Mapping[str, Any], rows: int) -> str:
@@ -433,21 +488,24 @@ def long_context_then_next(
         return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
                           reason="the server reported no prompt token counts")
     longest = max(sized, key=lambda o: o.prompt_tokens or 0)
-    evidence: dict[str, Any] = {"threshold": threshold, "longest_row": longest.row,
-                                "longest_prompt_tokens": longest.prompt_tokens}
+    evidence: _LongContextEvidence = {"threshold": threshold, "longest_row": longest.row,
+                                      "longest_prompt_tokens": longest.prompt_tokens}
     long_rows = [o for o in sized if (o.prompt_tokens or 0) >= threshold]
     if not long_rows:
-        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False, evidence=evidence,
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
+                          evidence=dict(evidence),
                           reason=f"the longest prompt has {longest.prompt_tokens} tokens, below the "
                           f"declared threshold {threshold}")
     last = outcomes[-1].row
     followed = [o for o in long_rows if o.row != last]
     if not followed:
-        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False, evidence=evidence,
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
+                          evidence=dict(evidence),
                           reason=f"the {longest.prompt_tokens}-token prompt is row {longest.row}, the "
                           "last row, so this run does not test long-context-then-next")
     if not exact:
-        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False, evidence=evidence,
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
+                          evidence=dict(evidence),
                           reason="no teacher: exactness of the next row unknown")
     pairs = [(o.row, o.row + 1) for o in followed]
     ok = [p for p in pairs if exact.get(p[1])]
@@ -455,7 +513,7 @@ def long_context_then_next(
     longest = max(followed, key=lambda o: o.prompt_tokens or 0)
     status = GateStatus.PASS if len(ok) == len(pairs) else GateStatus.FAIL
     return GateResult(name=name, status=status, count=_fraction(len(ok), len(pairs)), required=False,
-                      evidence=evidence,
+                      evidence=dict(evidence),
                       reason=f"the {longest.prompt_tokens}-token prompt (row {longest.row}) is "
                       f"followed by {'an exact' if status is GateStatus.PASS else 'a divergent'} row")
 
@@ -493,7 +551,7 @@ def token_count_integrity(outcomes: Sequence[RowOutcome]) -> GateResult:
                           reason=f"rows {unreported} carry no server-reported completion_tokens "
                           "(ask for stream_options.include_usage)",
                           evidence={"rows_unreported": unreported})
-    bad: list[dict[str, Any]] = []
+    bad: list[_CountProblem] = []
     for o in outcomes:
         if o.completion_tokens != o.n_tokens:
             bad.append({"row": o.row, "problem": f"server reported {o.completion_tokens} "
@@ -563,7 +621,8 @@ def _no_warmup(rows_requested: Sequence[int], n_requests: int,
                ) -> GateResult:
     """Row 0 came first, the engine's generation counters were 0 before it, and its log
     shows no more generation requests than the harness sent."""
-    evidence: dict[str, Any] = {"first_request_row": rows_requested[0] if rows_requested else None}
+    evidence: _NoWarmupEvidence = {
+        "first_request_row": rows_requested[0] if rows_requested else None}
     problems = []
     if rows_requested and rows_requested[0] != 0:
         problems.append(f"the first request was row {rows_requested[0]}, not row 0")
@@ -582,7 +641,7 @@ def _no_warmup(rows_requested: Sequence[int], n_requests: int,
         reason="; ".join(problems) or "the first request the server received was row 0"
         + (" (its generation counters were 0 before it)" if "server_counters_before_suite"
            in evidence else ""),
-        evidence=evidence)
+        evidence=dict(evidence))
 
 
 def _one_suite_invocation(rows_requested: list[int], planned_rows: int) -> GateResult:
@@ -612,7 +671,7 @@ def first_valid_score(attempt: int, earlier: Sequence[str | None] = ()) -> GateR
         return GateResult(name=FIRST_VALID_SCORE, status=GateStatus.PASS,
                           reason="this leg's first and only run is the reported one",
                           evidence={"attempts": 1})
-    evidence: dict[str, Any] = {"attempts": attempt, "earlier": list(earlier)}
+    evidence: _AttemptsEvidence = {"attempts": attempt, "earlier": list(earlier)}
     scored = [i + 1 for i, status in enumerate(earlier) if status == "complete"]
     if len(earlier) != attempt - 1:
         reason = f"attempt {attempt}, but {len(earlier)} earlier attempts are in the evidence"
@@ -620,11 +679,11 @@ def first_valid_score(attempt: int, earlier: Sequence[str | None] = ()) -> GateR
         reason = (f"attempt {scored[0]} of this leg completed before this one: its score "
                   "was replaced")
     else:
-        return GateResult(name=FIRST_VALID_SCORE, status=GateStatus.PASS, evidence=evidence,
+        return GateResult(name=FIRST_VALID_SCORE, status=GateStatus.PASS, evidence=dict(evidence),
                           reason=f"attempt {attempt} is the first to complete: the "
                           f"{attempt - 1} before it were interrupted")
     return GateResult(name=FIRST_VALID_SCORE, status=GateStatus.FAIL, reason=reason,
-                      evidence=evidence)
+                      evidence=dict(evidence))
 
 
 def cleanup_gate(passed: bool | None, surviving: int | None, port_open: bool | None) -> GateResult:
@@ -787,7 +846,7 @@ def clocks_stable(outcomes: Sequence[RowOutcome], samples: Sequence[Mapping[str,
         if window[0] <= sample.get("t_ns", -1) <= window[1]:
             for d in sample.get("devices") or ():
                 devices.setdefault(f"{d.get('backend')}:{d.get('index')}", []).append(d)
-    per_device: dict[str, dict[str, Any]] = {}
+    per_device: dict[str, _DeviceClocks] = {}
     problems: list[str] = []
     failed: set[str] = set()
     for key, readings in devices.items():
@@ -810,20 +869,20 @@ def clocks_stable(outcomes: Sequence[RowOutcome], samples: Sequence[Mapping[str,
         if drop > CLOCK_DROP_MAX_PCT:
             problems.append(f"{key}'s SM clock fell {drop:g} % ({max(clocks):g} to "
                             f"{min(clocks):g} MHz), more than {CLOCK_DROP_MAX_PCT:g} %")
-    evidence: dict[str, Any] = {"drop_max_pct": CLOCK_DROP_MAX_PCT, "devices": per_device}
+    evidence: _ClocksEvidence = {"drop_max_pct": CLOCK_DROP_MAX_PCT, "devices": per_device}
     if not per_device:
         return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
-                          evidence=evidence, reason="no accelerator clock was sampled while "
+                          evidence=dict(evidence), reason="no accelerator clock was sampled while "
                           "rows streamed (CPU only, telemetry off, or a probe without clocks)")
     count = _fraction(len(per_device) - len(failed), len(per_device))
     if problems:
         return GateResult(name=name, status=GateStatus.FAIL, count=count, required=False,
-                          evidence=evidence, reason="; ".join(problems))
+                          evidence=dict(evidence), reason="; ".join(problems))
     unknown = [k for k, v in per_device.items() if v["throttle_reasons"] is None]
     note = (f"; {', '.join(unknown)} report{'s' if len(unknown) == 1 else ''} no throttle "
             "reasons, so only the clock was checked") if unknown else ""
     return GateResult(name=name, status=GateStatus.PASS, count=count, required=False,
-                      evidence=evidence,
+                      evidence=dict(evidence),
                       reason=f"no throttle reason and SM clocks within {CLOCK_DROP_MAX_PCT:g} "
                       f"% of their highest while rows streamed{note}")
 
