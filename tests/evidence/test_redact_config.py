@@ -43,7 +43,7 @@ def test_config_json_keeps_names_not_values() -> None:
     argv = (sys.executable, "-m", "tokrecord.server.fake", "--port", "{port}", "--api-key", SK)
     config = LegConfig(server=ServerSpec(argv=argv, env={"HF_TOKEN": HF, "FLAG": "1"}, model="m"),
                        suite=load_suite(None).head(1))
-    resolved = _resolved_config(config, [*argv[:4], "8000", "--api-key", SK], 8000)
+    resolved = _resolved_config(config, [*argv[:4], "8000", "--api-key", SK], 8000, epoch_ns=0)
     text = json.dumps(resolved)
     assert HF not in text and SK not in text
     assert resolved["leg"]["server"]["env"] == {"HF_TOKEN": sha12(HF), "FLAG": "1"}

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 
 from paths import FIXTURES, ROOT
+from tokrecord.engines import ENGINES, Capability, EngineName
 from tokrecord.gates import (
+    CACHED_TOKENS_ZERO,
     CLOCK_DROP_MAX_PCT,
     CLOCKS_STABLE,
     FIRST_VALID_SCORE,
@@ -70,6 +72,20 @@ def test_each_gate_is_one_spec_with_a_unique_name_and_label() -> None:
     assert GATES_VERSION == 3 and gates_version(f"tokrecord.leg-gates/v{GATES_VERSION}") == 3
     assert gates_version("tokrecord.leg-gates/v1") == 1
     assert gates_version("tokrecord.leg-rows/v2") == gates_version(None) == 2
+
+
+def test_an_engine_limitation_names_a_capability_some_gate_needs() -> None:
+    # Engines declare what they lack, never a gate's name: the registry says which gate
+    # needs it, so a renamed gate cannot silently lose its engine's explanation.
+    needed = {g.needs for g in GATES if g.needs is not None}
+    lacked = {x.lacks for e in ENGINES.values() for x in e.limitations}
+    assert lacked and lacked <= needed
+    assert [g.name for g in GATES if g.needs is Capability.PREFIX_CACHE_COUNTER] == [
+        CACHED_TOKENS_ZERO]
+    assert ENGINES[EngineName.OPENAI].limitation(Capability.PREFIX_CACHE_COUNTER) == (
+        "a generic OpenAI server documents no prefix-cache counter")
+    assert ENGINES[EngineName.OPENAI].limitation(None) is None
+    assert ENGINES[EngineName.VLLM].limitation(Capability.PREFIX_CACHE_COUNTER) is None
 
 
 def test_evaluate_runs_every_leg_gate_in_registry_order() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,6 +42,7 @@ from tokrecord.experiment.audit import audit_suite, judge_audit
 from tokrecord.experiment.leg import LegConfig, LegResult, run_leg, teacher_from_run
 from tokrecord.experiment.plan import Plan, load_plan
 from tokrecord.experiment.power import min_detectable_effect, plan_noise, power_report
+from tokrecord.experiment.prior_check import PriorObservation
 from tokrecord.experiment.runner import (
     default_experiment_dir,
     experiment_lock,
@@ -52,6 +53,7 @@ from tokrecord.experiment.sequential import SequentialAnalysis
 from tokrecord.experiment.stats import VerdictAnalysis
 from tokrecord.gates import TEACHER_EXACT, GateResult
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
+from tokrecord.jsontypes import JSONObject
 from tokrecord.metrics import Convention
 from tokrecord.record.build import build_record, finish
 from tokrecord.record.lint import lint_untrusted
@@ -81,7 +83,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return _parse_kv(pairs, "--env")
 
 
-def _load_toml(path: Path) -> dict[str, Any]:
+def _load_toml(path: Path) -> JSONObject:
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
@@ -133,8 +135,8 @@ def _leg_config(
 ) -> LegConfig:
     """A LegConfig from a TOML file and/or options (options win); errors name the key."""
     source = str(config) if config else "options"
-    raw: dict[str, Any] = _load_toml(config) if config else {}
-    server_raw: dict[str, Any] = dict(raw.pop("server", {}))
+    raw: JSONObject = _load_toml(config) if config else {}  # validated by LegConfig below
+    server_raw: JSONObject = dict(raw.pop("server", {}))
     if server_cmd is not None:
         server_raw["argv"] = shlex.split(server_cmd)
     for key, value in (("model", model), ("served_model", served_model), ("port", port),
@@ -149,7 +151,7 @@ def _leg_config(
         raise ConfigError("no model: give --model or [server] model in --config")
     suite_path = suite or (Path(raw.pop("suite")) if "suite" in raw else None)
     request = raw.pop("request", {})
-    leg_raw: dict[str, Any] = {
+    leg_raw: JSONObject = {
         **raw,
         "server": server_raw,
         "suite": _suite(suite_path, rows),
@@ -279,7 +281,7 @@ class _PriorCheckObserver(RichExperimentObserver):
     preregistered (preregistration refuses a directory with anything in it) and before
     any server starts: the first leg callback comes after preregistration, before a leg."""
 
-    def __init__(self, console: Console, exp_dir: Path, observation: dict[str, Any] | None,
+    def __init__(self, console: Console, exp_dir: Path, observation: PriorObservation | None,
                  show_log_tail: bool = False) -> None:
         super().__init__(console, show_log_tail=show_log_tail)
         self._exp_dir = exp_dir
@@ -299,7 +301,7 @@ class _PriorCheckObserver(RichExperimentObserver):
         super().leg_kept(name, result)
 
 
-def _prior_text(observation: dict[str, Any]) -> str:
+def _prior_text(observation: PriorObservation) -> str:
     if not observation.get("rechecked"):
         return f"prior {observation.get('prior_id')}: {observation.get('reason')}"
     return (f"prior {observation['prior_id']} rechecked on {observation['base_url']} at "
@@ -309,8 +311,8 @@ def _prior_text(observation: dict[str, Any]) -> str:
 
 def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None,
                   show_log_tail: bool = False,
-                  prior_check: dict[str, Any] | None = None
-                  ) -> tuple[dict[str, Any], dict[str, LegResult]]:
+                  prior_check: PriorObservation | None = None
+                  ) -> tuple[JSONObject, dict[str, LegResult]]:
     err_console.print(
         f"[bold]experiment[/] {plan.name} ({plan.design.value}), plan sha256 {plan.sha256[:16]}… "
         f"preregistered in {exp_dir}"
@@ -327,7 +329,7 @@ def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None,
                          "public_key_pem": key.public_key_pem}
         path = finish(exp_dir, built, key)
     # The record on disk: after a kill while finishing, it is the one written then.
-    record: dict[str, Any] = read_json(path, ConfigError)
+    record: JSONObject = read_json(path, ConfigError)
     if plan.design.value == "single":
         print_leg(out_console, err_console, results["B1"])
         print_gates(out_console, results["B1"])
@@ -429,25 +431,54 @@ def demo(
         if sweep:
             _demo_sweep(python, target, draft, rows, idle_gap, blocks or 2, show_log_tail, out)
             return
-        fitting = blocks or blocks_within(budget, idle_gap_s=idle_gap)
-        # With --sequential the blocks are a maximum: it stops once decided.
-        plan = demo_plan_llamacpp(python, target, draft, rows=rows, idle_gap_s=idle_gap,
-                                  blocks=fitting,
-                                  sequential=demo_sequential(fitting) if sequential else None)
-        n_rows = len(plan_suite(plan).rows)
-        noise = plan_noise(plan, "the demo plan")
-        report = power_report(plan, noise, n_rows)
-        detectable = min_detectable_effect(noise, n_rows, plan.max_blocks, plan.verdict.confidence,
-                                           plan.verdict.equivalence_pct)
-        for line in design_lines(plan, report, detectable, budget, blocks is None):
-            err_console.print(escape(line), soft_wrap=True)
+        plan, detectable = _demo_llamacpp_plan(python, target, draft, rows, idle_gap, blocks,
+                                               budget, sequential)
         what = "control plain decoding of the target, candidate draft-model speculation"
     else:
-        python = embedded.ensure_engine(say)
-        model_dir = build_demo_model(models)
-        err_console.print(f"demo model: {model_dir}")
-        plan = demo_plan(python, model_dir, rows=rows, idle_gap_s=idle_gap)
+        plan = _demo_vllm_plan(say, models, rows, idle_gap)
         what = "control plain, candidate ngram"
+    _announce_demo(chosen, plan, what, idle_gap)
+    exp_dir = out or _default_out("demo")
+    record, results = _execute_plan(plan, exp_dir, None, show_log_tail)
+    if chosen is EngineName.LLAMA_CPP:
+        _print_demo_claim(record, plan, detectable)
+    # Imported here, not above: `report` registers its command when imported, and the
+    # core commands come first in --help.
+    from .report import write_report
+
+    write_report(exp_dir, print_summary=False)
+    _exit_if_invalid(results)
+
+
+def _demo_llamacpp_plan(python: Path, target: Path, draft: Path, rows: int | None,
+                        idle_gap: float, blocks: int | None, budget: float, sequential: bool
+                        ) -> tuple[Plan, float | None]:
+    """The llama.cpp demo's plan in as many blocks as fit the budget (a maximum when
+    sequential: it stops once decided), its design printed, and the smallest effect it
+    can detect."""
+    fitting = blocks or blocks_within(budget, idle_gap_s=idle_gap)
+    plan = demo_plan_llamacpp(python, target, draft, rows=rows, idle_gap_s=idle_gap,
+                              blocks=fitting,
+                              sequential=demo_sequential(fitting) if sequential else None)
+    n_rows = len(plan_suite(plan).rows)
+    noise = plan_noise(plan, "the demo plan")
+    report = power_report(plan, noise, n_rows)
+    detectable = min_detectable_effect(noise, n_rows, plan.max_blocks, plan.verdict.confidence,
+                                       plan.verdict.equivalence_pct)
+    for line in design_lines(plan, report, detectable, budget, blocks is None):
+        err_console.print(escape(line), soft_wrap=True)
+    return plan, detectable
+
+
+def _demo_vllm_plan(say: Callable[[str], None], models: Path, rows: int | None,
+                    idle_gap: float) -> Plan:
+    python = embedded.ensure_engine(say)
+    model_dir = build_demo_model(models)
+    err_console.print(f"demo model: {model_dir}")
+    return demo_plan(python, model_dir, rows=rows, idle_gap_s=idle_gap)
+
+
+def _announce_demo(chosen: EngineName, plan: Plan, what: str, idle_gap: float) -> None:
     legs = " ".join(name for name, _ in plan.legs)
     err_console.print(
         f"demo on {chosen.value}: teacher from the plain arm, then {legs} ({what}), "
@@ -455,22 +486,18 @@ def demo(
         "plan uses 60 s or more); no prior record is declared, so the record gate shows why "
         "it cannot pass", soft_wrap=True
     )
-    exp_dir = out or _default_out("demo")
-    record, results = _execute_plan(plan, exp_dir, None, show_log_tail)
-    if chosen is EngineName.LLAMA_CPP and record.get("sequential"):
+
+
+def _print_demo_claim(record: Mapping[str, Any], plan: Plan, detectable: float | None) -> None:
+    """What the llama.cpp demo claims: its sequential stop, else its fixed verdict."""
+    if record.get("sequential"):
         seq = SequentialAnalysis.model_validate(record["sequential"])
         for line in sequential_claim_lines(seq, plan.max_blocks):
             out_console.print(escape(line), soft_wrap=True)
-    elif chosen is EngineName.LLAMA_CPP and record.get("verdict_analysis"):
+    elif record.get("verdict_analysis"):
         analysis = VerdictAnalysis.model_validate(record["verdict_analysis"])
         for line in claim_lines(analysis, detectable):
             out_console.print(escape(line), soft_wrap=True)
-    # Imported here, not above: `report` registers its command when imported, and the
-    # core commands come first in --help.
-    from .report import write_report
-
-    write_report(exp_dir, print_summary=False)
-    _exit_if_invalid(results)
 
 
 def _demo_sweep(python: Path, target: Path, draft: Path, rows: int | None, idle_gap: float,
@@ -581,7 +608,7 @@ def addendum(
     if problems:
         raise ConfigError(f"{directory} does not verify ({len(problems)} problems): an addendum "
                           "must not vouch for altered evidence; run tokrecord verify")
-    body: dict[str, Any] = {}
+    body: JSONObject = {}  # the user's --payload file, as given
     if payload is not None:
         try:
             body = json.loads(payload.read_text(encoding="utf-8"))

@@ -12,8 +12,17 @@ from rich.table import Table
 from rich.text import Text
 
 from tokrecord.evidence.safe import terminal_safe
+from tokrecord.evidence.trust import Signer
+from tokrecord.jsontypes import JSONObject
 from tokrecord.record.verify import signer_of
-from tokrecord.submit import PayloadOptions, SubmitError, key_from_env, make_target
+from tokrecord.submit import (
+    ApiKey,
+    PayloadOptions,
+    SubmitError,
+    Target,
+    key_from_env,
+    make_target,
+)
 from tokrecord.submit.cautions import record_cautions
 from tokrecord.submit.flow import (
     Bounds,
@@ -48,7 +57,7 @@ def _cell(value: Any) -> str:
     return f"{text[:CELL_CHARS]}… ({len(text):,} characters; all of it in the queue file)"
 
 
-def _payload_table(payload: dict[str, Any]) -> Table:
+def _payload_table(payload: JSONObject) -> Table:
     table = Table(title="payload (long values cut; the queue file has them whole)",
                   show_header=True, header_style="bold")
     table.add_column("field")
@@ -107,8 +116,10 @@ def _print_send(result: SendResult) -> None:
     for exchange in result.exchanges:
         waited = f" after waiting {exchange.waited_s:.3f} s" if exchange.waited_s else ""
         out_console.print(Text(f"POST {exchange.url}{waited}: HTTP {exchange.status}"))
-    summary = {k: r[k] for k in ("accepted", "http_status", "submission_id", "status", "verified_run",
-                                 "verification_issues", "rate_limit", "queue_sha256")}
+    summary = {"accepted": r["accepted"], "http_status": r["http_status"],
+               "submission_id": r["submission_id"], "status": r["status"],
+               "verified_run": r["verified_run"], "verification_issues": r["verification_issues"],
+               "rate_limit": r["rate_limit"], "queue_sha256": r["queue_sha256"]}
     out_console.print_json(json.dumps(summary))
     out_console.print(Text(f"receipt (sealed addendum): {result.receipt_dir}"))
 
@@ -195,11 +206,10 @@ def submit_cmd(
     tgt = make_target(target, url)
     try:
         if check_it:
-            checked = check(directory, tgt, wait=wait, notify=_notify,
-                            policy=WaitPolicy(first_s=poll_s, max_s=max(poll_s, 120.0),
-                                              total_s=wait_max_s),
-                            bounds=Bounds(max_retries, max_wait_s))
-            _finish_check(checked, wait)
+            _finish_check(check(directory, tgt, wait=wait, notify=_notify,
+                                policy=WaitPolicy(first_s=poll_s, max_s=max(poll_s, 120.0),
+                                                  total_s=wait_max_s),
+                                bounds=Bounds(max_retries, max_wait_s)), wait)
             return
         options = PayloadOptions(hf_id=hf_id, model_revision=model_revision,
                                  quantization=quantization, engine_name=engine_name)
@@ -207,37 +217,52 @@ def submit_cmd(
         signer = signer_of(directory, fingerprint)
         err_console.print(Text(f"{terminal_safe(str(directory))}: {signer.describe()}"))
         if send_it:
-            # A leaderboard entry speaks for whoever sealed it: never for an unknown key.
-            if not signer.pinned or fingerprint not in (None, signer.fingerprint):
-                raise SubmitError(f"{directory}: {signer.describe()}: --send sends only evidence "
-                                  "sealed by the local key, by a key in trusted_keys, or by the "
-                                  "key given with --fingerprint")
-            if key is None:
-                raise SubmitError(f"--send needs an API key in ${tgt.key_env} (bhk_ + 40 hex); "
-                                  "it is read from the environment only and never stored")
-            sent = send(directory, tgt, options, key, queue=queue, max_retries=max_retries,
-                        max_wait_s=max_wait_s, allow_unverified=allow_unverified, notify=_notify)
-            _print_warnings(record_cautions(sent.prepared.facts.record))
-            _print_warnings(sent.prepared.built.warnings)
-            _print_send(sent)
-            if not sent.acceptance.accepted:
-                raise SubmitError(f"{tgt.base_url} did not accept the submission: "
-                                  f"{sent.receipt['error']}; the response is sealed in "
-                                  f"{sent.receipt_dir}")
-            return
-        if key is not None:
-            # Said plainly: the service's dry-run endpoint takes the key (401 without one).
-            err_console.print(Text(f"dry run: the payload and your API key (${tgt.key_env}) go "
-                                   f"to {tgt.base_url} for validation; nothing is submitted"))
-        result_dry = dry_run(directory, tgt, options, key=key, queue=queue, notify=_notify)
-        _print_dry_run(result_dry)
-        if not result_dry.valid:
-            raise SubmitError("the payload does not validate; nothing would be sent")
-        if result_dry.unverified:
-            out_console.print(Text("dry run only: nothing was submitted; the service would not verify this "
-                                   "run (issues above): --send refuses it unless --allow-unverified"))
-            return
-        out_console.print(Text(f"dry run only: nothing was submitted; send with --send and "
-                               f"${tgt.key_env}"))
+            _submit_send(directory, tgt, options, key, signer, fingerprint, queue=queue,
+                         bounds=Bounds(max_retries, max_wait_s),
+                         allow_unverified=allow_unverified)
+        else:
+            _submit_dry_run(directory, tgt, options, key, queue)
     finally:
         tgt.close()
+
+
+def _submit_send(directory: Path, tgt: Target, options: PayloadOptions, key: ApiKey | None,
+                 signer: Signer, fingerprint: str | None, *, queue: Path | None, bounds: Bounds,
+                 allow_unverified: bool) -> None:
+    # A leaderboard entry speaks for whoever sealed it: never for an unknown key.
+    if not signer.pinned or fingerprint not in (None, signer.fingerprint):
+        raise SubmitError(f"{directory}: {signer.describe()}: --send sends only evidence "
+                          "sealed by the local key, by a key in trusted_keys, or by the "
+                          "key given with --fingerprint")
+    if key is None:
+        raise SubmitError(f"--send needs an API key in ${tgt.key_env} (bhk_ + 40 hex); "
+                          "it is read from the environment only and never stored")
+    sent = send(directory, tgt, options, key, queue=queue, max_retries=bounds.max_retries,
+                max_wait_s=bounds.max_wait_s, allow_unverified=allow_unverified,
+                notify=_notify)
+    _print_warnings(record_cautions(sent.prepared.facts.record))
+    _print_warnings(sent.prepared.built.warnings)
+    _print_send(sent)
+    if not sent.acceptance.accepted:
+        raise SubmitError(f"{tgt.base_url} did not accept the submission: "
+                          f"{sent.receipt['error']}; the response is sealed in "
+                          f"{sent.receipt_dir}")
+
+
+def _submit_dry_run(directory: Path, tgt: Target, options: PayloadOptions, key: ApiKey | None,
+                    queue: Path | None) -> None:
+    if key is not None:
+        # Said plainly: the service's dry-run endpoint takes the key (401 without one).
+        err_console.print(Text(f"dry run: the payload and your API key (${tgt.key_env}) go "
+                               f"to {tgt.base_url} for validation; nothing is submitted"))
+    result_dry = dry_run(directory, tgt, options, key=key, queue=queue, notify=_notify)
+    _print_dry_run(result_dry)
+    if not result_dry.valid:
+        raise SubmitError("the payload does not validate; nothing would be sent")
+    if result_dry.unverified:
+        out_console.print(Text("dry run only: nothing was submitted; the service would not "
+                               "verify this run (issues above): --send refuses it unless "
+                               "--allow-unverified"))
+        return
+    out_console.print(Text(f"dry run only: nothing was submitted; send with --send and "
+                           f"${tgt.key_env}"))

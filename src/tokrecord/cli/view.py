@@ -17,7 +17,14 @@ from rich.table import Table
 from tokrecord.errors import ConfigError
 from tokrecord.experiment.leg import LegResult, RowRecord
 from tokrecord.experiment.stats import RecordGate
-from tokrecord.gates import GATES, TEACHER_EXACT, GateStatus
+from tokrecord.gates import (
+    CLEANUP,
+    GATES,
+    GATES_BY_NAME,
+    TEACHER_EXACT,
+    TOKEN_COUNT_INTEGRITY,
+    GateStatus,
+)
 from tokrecord.metrics.rows import ROW_FLAGS
 from tokrecord.probes import Snapshot
 from tokrecord.probes.idle import IdleCriteria, IdleResult
@@ -206,7 +213,7 @@ def summary_table(result: LegResult) -> Table:
     c = result.cleanup
     if c is not None:
         port = "open" if c.port_listening_after else "closed"
-        table.add_row("cleanup", "pass" if c.passed else "FAIL",
+        table.add_row(GATES_BY_NAME[CLEANUP].label, "pass" if c.passed else "FAIL",
                       f"{c.surviving_workers} survivors, port {port}")
     for r in (result.idle_before, result.idle_after):
         if r is not None:
@@ -422,7 +429,7 @@ def _teacher_exact_cell(count: str, compared_by: str | None) -> str:
 
 _QUALITY_ROWS = ("all_legs_teacher_exact", "all_legs_cross_exact", "all_legs_cached_zero",
                  "full_output_then_next_exact", "long_then_next_exact", "rollover_exact",
-                 "token_count_integrity", "cleanup_passed_all_legs",
+                 TOKEN_COUNT_INTEGRITY, "cleanup_passed_all_legs",
                  "idle_before_and_after_all_legs", "same_hardware_all_legs", "all_legs_valid",
                  "retries")
 

@@ -2,9 +2,11 @@
 
 The hot loop only stamps `perf_counter_ns()` the moment a read returns bytes and
 keeps them; SSE and JSON decoding, and appending each event (with its stamp) to the
-run's events.jsonl, follow the stream (see `stream_row`). What a payload means is
-the engine's dialect (`tokrecord.engines`): token counts per chunk always come from
-the server, never from re-tokenized text.
+run's events.jsonl, follow the stream's end (or run between reads while the stream is
+slow, see LIVE_DECODE_GAP_NS), so they cannot delay a later stamp: at 20,000 tok/s a
+chunk arrives every 50 µs, less than decoding one costs in Python. What a payload
+means is the engine's dialect (`tokrecord.engines`): token counts per chunk always come
+from the server, never from re-tokenized text.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tokrecord.client.sse import SSEDecoder
 from tokrecord.client.wire import Head, Wire, parse_head, request_bytes, wire_for
 from tokrecord.engines import CountSource, Endpoint, Engine, StreamParser
 from tokrecord.errors import StreamError
+from tokrecord.jsontypes import JSONObject
 from tokrecord.metrics import Chunk
 from tokrecord.suite import SuiteRow
 
@@ -78,7 +81,7 @@ def build_body(
     extra: Mapping[str, Any] | None = None,
     *,
     engine: Engine,
-) -> dict[str, Any]:
+) -> JSONObject:
     """The request for one row in the engine's dialect."""
     return engine.build_body(endpoint, model, row, extra)
 
@@ -226,16 +229,12 @@ def stream_row(
     """POST one streaming request and record it. Raises StreamError on any failure,
     after writing an `end` event that says what went wrong.
 
-    The token loop only stamps and stores: `perf_counter_ns()` the moment a read
-    returns, and the bytes. Decoding, parsing and writing events.jsonl follow the
-    stream's end (or run between reads while the stream is slow, see
-    LIVE_DECODE_GAP_NS), so they cannot delay a later stamp: at 20,000 tok/s a chunk
-    arrives every 50 µs, less than decoding one costs in Python. The request is built
-    by httpx and, for a plain http:// client, written and read on a socket of the
-    client's own (`client.wire`: the first body bytes are stamped at their `recv`
-    even when they come with the response headers); otherwise it goes through httpx.
-    `t_send` is stamped just before the request is written (after any connection
-    set-up).
+    The token loop only stamps and stores (the module's docstring says why). The
+    request is built by httpx and, for a plain http:// client, written and read on a
+    socket of the client's own (`client.wire`: the first body bytes are stamped at
+    their `recv` even when they come with the response headers); otherwise it goes
+    through httpx. `t_send` is stamped just before the request is written (after any
+    connection set-up).
 
     Times are `perf_counter_ns() - epoch_ns`: the leg's clock, so recorded integers
     stay small (RFC 8785 / I-JSON) whatever the host's uptime.
@@ -249,84 +248,121 @@ def stream_row(
     with a line or an event over their caps, the row fails with RowLimitError; what
     had arrived is decoded into the sink and is in the raw log."""
     where = f"row {row_index} ({row.id})"
-    sent: list[int] = []
-
-    def trace(event_name: str, info: Mapping[str, Any]) -> None:
-        if event_name.endswith(_SEND_STARTED) and not sent:
-            sent.append(time.perf_counter_ns())
-
     path = engine.path(endpoint)
+    state = _RowDecoder(row_index, where, engine.parser(endpoint), sink, on_tokens, limits,
+                        row.max_tokens)
+    log = _RowLog(sink, row_index, row, path, body, epoch_ns, state)
+    request = _row_request(http, engine, path, body, log.trace)
+    wire = wire_for(http)
+    raw = (raw_fd, row_index) if raw_fd is not None else None
+    log.t_fallback = time.perf_counter_ns()
+    budget = _Budget(limits, row.max_tokens, log.t_fallback, where)
+    try:
+        t_end = (_stream_wire(wire, request, log, where, path, raw, budget,
+                              engine.close_after_stream) if wire is not None
+                 else _stream_httpx(http, request, state, log.stamps, log.reads, epoch_ns,
+                                    log.flush, where, path, raw, budget))
+    except (StreamError, httpx.HTTPError) as exc:
+        error = log.failed(exc, where, http.base_url)
+        if error is exc:
+            raise
+        raise error from exc
+    except BaseException as exc:  # Ctrl-C, SIGTERM: keep what arrived, then go
+        log.interrupted(exc)
+        raise
+    return log.finish(t_end, where)
+
+
+def _row_request(http: httpx.Client, engine: Engine, path: str, body: Mapping[str, Any],
+                 trace: Callable[[str, Mapping[str, Any]], None]) -> httpx.Request:
     # The body is read raw (never decompressed), so no compression is offered. A
     # server that closes every streamed response's socket is told so, so that no row
     # ever waits on a connection the server has already dropped.
     headers = {"Accept-Encoding": "identity"}
     if engine.close_after_stream:
         headers["Connection"] = "close"
-    request = http.build_request("POST", path, json=dict(body), headers=headers,
-                                 extensions={"trace": trace})
-    state = _RowDecoder(row_index, where, engine.parser(endpoint), sink, on_tokens, limits,
-                        row.max_tokens)
-    stamps: list[int] = []
-    reads: list[bytes] = []
-    request_written = False
+    return http.build_request("POST", path, json=dict(body), headers=headers,
+                              extensions={"trace": trace})
 
-    def write_request() -> int:
-        nonlocal request_written
-        t_send = (sent[0] if sent else t_fallback) - epoch_ns
-        if not request_written:
-            request_written = True
-            sink.write({"kind": "request", "row": row_index, "row_id": row.id,
-                        "t_send_ns": t_send, "path": path, "body": dict(body)})
+
+class _RowLog:
+    """One row's reads as the token loop stores them, and its request and end events:
+    the request event goes to the sink once, before the first chunk event, whenever
+    that is (a failure before any byte still writes it)."""
+
+    def __init__(self, sink: EventSink, row_index: int, row: SuiteRow, path: str,
+                 body: Mapping[str, Any], epoch_ns: int, state: _RowDecoder) -> None:
+        self.sink, self.row_index, self.row, self.path = sink, row_index, row, path
+        self.body, self.epoch_ns, self.state = body, epoch_ns, state
+        self.sent: list[int] = []  # when httpx began writing the request (its trace)
+        self.t_fallback = 0  # t_send where no trace came (set just before sending)
+        self.stamps: list[int] = []
+        self.reads: list[bytes] = []
+        self.request_written = False
+
+    def trace(self, event_name: str, info: Mapping[str, Any]) -> None:
+        if event_name.endswith(_SEND_STARTED) and not self.sent:
+            self.sent.append(time.perf_counter_ns())
+
+    def write_request(self) -> int:
+        t_send = (self.sent[0] if self.sent else self.t_fallback) - self.epoch_ns
+        if not self.request_written:
+            self.request_written = True
+            self.sink.write({"kind": "request", "row": self.row_index, "row_id": self.row.id,
+                             "t_send_ns": t_send, "path": self.path, "body": dict(self.body)})
         return t_send
 
-    def flush() -> None:
+    def flush(self) -> None:
         """Decode what arrived so far (the request's own event first)."""
-        write_request()
-        state.decode(stamps, reads)
+        self.write_request()
+        self.state.decode(self.stamps, self.reads)
 
-    wire = wire_for(http)
-    raw = (raw_fd, row_index) if raw_fd is not None else None
-    t_fallback = time.perf_counter_ns()
-    budget = _Budget(limits, row.max_tokens, t_fallback, where)
-    try:
-        if wire is not None:
-            try:
-                head = _read_wire(wire, request_bytes(request), state, stamps, reads, epoch_ns,
-                                  flush, sent, where, path, raw, budget)
-                t_end = time.perf_counter_ns() - epoch_ns
-                flush()
-                state.close()
-            except BaseException:
-                wire.close()  # its state is in doubt: the next row connects afresh
-                raise
-            framed = head.chunked or head.content_length is not None
-            wire.done(head.keep_alive and framed and not engine.close_after_stream)
-        else:
-            t_end = _stream_httpx(http, request, state, stamps, reads, epoch_ns, flush, where,
-                                  path, raw, budget)
-    except (StreamError, httpx.HTTPError) as exc:
-        t_fail = time.perf_counter_ns() - epoch_ns
-        write_request()
-        error = _failure(exc, state, stamps, reads, where, http.base_url)
-        sink.write({"kind": "end", "row": row_index, "t_ns": t_fail, "ok": False,
-                    "error": str(error)})
-        if error is exc:
-            raise
-        raise error from exc
-    except BaseException as exc:  # Ctrl-C, SIGTERM: keep what arrived, then go
+    def failed(self, exc: StreamError | httpx.HTTPError, where: str,
+               base_url: httpx.URL) -> StreamError:
+        t_fail = time.perf_counter_ns() - self.epoch_ns
+        self.write_request()
+        error = _failure(exc, self.state, self.stamps, self.reads, where, base_url)
+        self.sink.write({"kind": "end", "row": self.row_index, "t_ns": t_fail, "ok": False,
+                         "error": str(error)})
+        return error
+
+    def interrupted(self, exc: BaseException) -> None:
         with contextlib.suppress(Exception):
-            flush()
-            sink.write({"kind": "end", "row": row_index, "t_ns": time.perf_counter_ns() - epoch_ns,
-                        "ok": False, "error": f"interrupted ({type(exc).__name__})"})
+            self.flush()
+            self.sink.write({"kind": "end", "row": self.row_index,
+                             "t_ns": time.perf_counter_ns() - self.epoch_ns, "ok": False,
+                             "error": f"interrupted ({type(exc).__name__})"})
+
+    def finish(self, t_end: int, where: str) -> RowTrace:
+        t_send = self.write_request()
+        state = self.state
+        if not state.done:
+            msg = (f"{where}: stream ended without [DONE] after {state.received} tokens "
+                   f"({state.events} events)")
+            self.sink.write({"kind": "end", "row": self.row_index, "t_ns": t_end, "ok": False,
+                             "error": msg})
+            raise StreamError(msg)
+        self.sink.write({"kind": "end", "row": self.row_index, "t_ns": t_end, "ok": True})
+        return _trace(self.row_index, self.row, t_send, t_end, state.chunks, state.events,
+                      state.parser)
+
+
+def _stream_wire(wire: Wire, request: httpx.Request, log: _RowLog, where: str, path: str,
+                 raw: tuple[int, int] | None, budget: _Budget, close_after_stream: bool) -> int:
+    """The row on the client's own socket (_read_wire); returns t_end. The connection is
+    kept for the next row only when the response's framing and the engine allow it."""
+    try:
+        head = _read_wire(wire, request_bytes(request), log.state, log.stamps, log.reads,
+                          log.epoch_ns, log.flush, log.sent, where, path, raw, budget)
+        t_end = time.perf_counter_ns() - log.epoch_ns
+        log.flush()
+        log.state.close()
+    except BaseException:
+        wire.close()  # its state is in doubt: the next row connects afresh
         raise
-    t_send = write_request()
-    if not state.done:
-        msg = (f"{where}: stream ended without [DONE] after {state.received} tokens "
-               f"({state.events} events)")
-        sink.write({"kind": "end", "row": row_index, "t_ns": t_end, "ok": False, "error": msg})
-        raise StreamError(msg)
-    sink.write({"kind": "end", "row": row_index, "t_ns": t_end, "ok": True})
-    return _trace(row_index, row, t_send, t_end, state.chunks, state.events, state.parser)
+    framed = head.chunked or head.content_length is not None
+    wire.done(head.keep_alive and framed and not close_after_stream)
+    return t_end
 
 
 def _read_wire(wire: Wire, out: bytes, state: _RowDecoder, stamps: list[int], reads: list[bytes],
@@ -347,37 +383,22 @@ def _read_wire(wire: Wire, out: bytes, state: _RowDecoder, stamps: list[int], re
     The row's `budget` costs the loop one comparison per read: the deadline (also the
     socket's timeout, renewed only after a slow gap) and, every BYTES_CHECK_READS
     reads, the byte limit."""
-    retry = wire.reused
     if budget is None:
         budget = _Budget(DEFAULT_LIMITS, 1 << 20, time.perf_counter_ns(), where)
-    deadline, check_at = budget.deadline_ns, BYTES_CHECK_READS
-    read_timeout = wire.read_timeout
-    # Locals, so that the loop does no attribute lookups for the raw log.
-    raw_fd, raw_row = raw if raw is not None else (-1, 0)
-    writev, pack = os.writev, HEADER.pack
+    head, data, t, waits = _read_head(wire, out, sent, budget, state, raw, where, path)
+    return _read_body(wire, head, data, t, waits, state, stamps, reads, epoch_ns, flush, raw,
+                      budget)
 
-    sock_wait = [0.0]  # the socket's timeout now
 
-    def send() -> None:
-        sent[:] = [wire.send(out)]
-        # No wait on the socket may outlast the row's deadline.
-        left_s = budget.remaining_s(time.perf_counter_ns())
-        if wire.sock is not None:  # always: a kept socket holds the last row's wait
-            sock_wait[0] = left_s if read_timeout is None else min(read_timeout, left_s)
-            wire.sock.settimeout(sock_wait[0])
-
-    try:
-        send()
-    except httpx.WriteError:
-        if not retry:
-            raise
-        retry = False
-        send()
-    head: Head | None = None
+def _read_head(wire: Wire, out: bytes, sent: list[int], budget: _Budget, state: _RowDecoder,
+               raw: tuple[int, int] | None, where: str, path: str
+               ) -> tuple[Head, bytes, int, _SocketWait]:
+    """Send the request and read until the response head is complete (resending once on
+    a kept connection that turns out closed). Returns the head, the body bytes that came
+    with it and their stamp."""
+    waits = _SocketWait(wire, out, sent, budget)
+    retry = waits.send_first(wire.reused)
     pending = b""
-    tail = b""
-    remaining: int | None = None  # body bytes still due, for a Content-Length body
-    previous = 0
     while True:
         try:
             data = wire.recv()
@@ -386,67 +407,131 @@ def _read_wire(wire: Wire, out: bytes, state: _RowDecoder, stamps: list[int], re
                 raise
             data = b""
         except httpx.ReadTimeout:
-            if time.perf_counter_ns() >= deadline - 10_000_000:
-                budget.expired(len(reads))
+            if time.perf_counter_ns() >= budget.deadline_ns - 10_000_000:
+                budget.expired(0)
             raise
         t = time.perf_counter_ns()
         if not data:
             if retry and not pending:
                 retry = False
                 wire.close()
-                send()
+                waits.send()
                 continue
-            if head is not None and not head.chunked and head.content_length is None:
-                return head  # a body delimited by the end of the connection
-            raise httpx.RemoteProtocolError(
-                "peer closed connection without sending complete message body "
-                "(incomplete chunked read)" if head is not None
-                else "server disconnected without sending a response")
+            raise httpx.RemoteProtocolError("server disconnected without sending a response")
         retry = False
-        if head is None:
-            pending += data
-            head = parse_head(pending)
-            if head is None:
-                if t > deadline:
-                    budget.expired(0)
-                continue
-            if head.status != 200:
-                raise _http_error(wire, head, pending, where, path)
-            data = pending[head.body_offset:]
-            state.chunked = ChunkedDecoder() if head.chunked else None
-            remaining = None if head.chunked else head.content_length
+        pending += data
+        head = parse_head(pending)
+        if head is not None:
+            return head, _body_start(wire, head, pending, state, raw, where, path), t, waits
+        if t > budget.deadline_ns:
+            budget.expired(0)
+
+
+def _read_body(wire: Wire, head: Head, data: bytes, t: int, waits: _SocketWait,
+               state: _RowDecoder, stamps: list[int], reads: list[bytes], epoch_ns: int,
+               flush: Callable[[], None], raw: tuple[int, int] | None, budget: _Budget) -> Head:
+    """The token loop proper: from the bytes that came with the head (`data`, stamped
+    `t`), stamp and store every read until the body's framing says it is complete."""
+    deadline, check_at = budget.deadline_ns, BYTES_CHECK_READS
+    # Locals, so that the loop does no attribute lookups for the raw log.
+    raw_fd, raw_row = raw if raw is not None else (-1, 0)
+    writev, pack = os.writev, HEADER.pack
+    tail = b""
+    remaining = None if head.chunked else head.content_length  # body bytes still due
+    previous = 0
+    while True:
+        if data:  # empty only for a head sent alone (before the first token)
+            stamps.append(t - epoch_ns)
+            reads.append(data)
             if raw is not None:
-                os.write(raw_fd, pack(RAW_CHUNKED if head.chunked else RAW_PLAIN, raw_row, 0, 0))
-            if not data:
-                continue  # the headers alone (sent before the first token)
-        stamps.append(t - epoch_ns)
-        reads.append(data)
-        if raw is not None:
-            writev(raw_fd, (pack(RAW_READ, raw_row, len(data), t - epoch_ns), data))
-        if t > deadline or len(reads) >= check_at:
-            check_at = budget.check(t, reads)
-        slow = previous and t - previous >= LIVE_DECODE_GAP_NS
-        previous = t
-        if slow and wire.sock is not None:
-            # Between slow reads there is time to shorten the socket's wait, by a second
-            # or more at a time (at most one syscall a second): a silent server then
-            # holds the row at most a second past its deadline.
-            left_s = budget.remaining_s(t)
-            if left_s < sock_wait[0] - 1.0:
-                sock_wait[0] = left_s
-                wire.sock.settimeout(left_s)
-        if state.chunked is not None:
-            tail = (tail + data)[-4:]
-            # Every chunked body ends in CRLF CRLF (last chunk, trailers): only then is
-            # the framing decoded to see whether this was the end.
-            if tail == b"\r\n\r\n" or slow:
+                writev(raw_fd, (pack(RAW_READ, raw_row, len(data), t - epoch_ns), data))
+            if t > deadline or len(reads) >= check_at:
+                check_at = budget.check(t, reads)
+            slow = previous and t - previous >= LIVE_DECODE_GAP_NS
+            previous = t
+            if slow and wire.sock is not None:
+                waits.shorten(t)
+            if state.chunked is not None:
+                tail = (tail + data)[-4:]
+                # Every chunked body ends in CRLF CRLF (last chunk, trailers): only then is
+                # the framing decoded to see whether this was the end.
+                if tail == b"\r\n\r\n" or slow:
+                    flush()
+                    if state.chunked.done:
+                        return head
+            elif remaining is not None and (remaining := remaining - len(data)) <= 0:
+                return head
+            elif slow:
                 flush()
-                if state.chunked.done:
-                    return head
-        elif remaining is not None and (remaining := remaining - len(data)) <= 0:
-            return head
-        elif slow:
-            flush()
+        try:
+            data = wire.recv()
+        except httpx.ReadTimeout:
+            if time.perf_counter_ns() >= deadline - 10_000_000:
+                budget.expired(len(reads))
+            raise
+        t = time.perf_counter_ns()
+        if not data:
+            return _connection_ended(head)
+
+
+class _SocketWait:
+    """Writes the request and keeps the socket's timeout within the row's deadline."""
+
+    __slots__ = ("budget", "now_s", "out", "read_timeout", "sent", "wire")
+
+    def __init__(self, wire: Wire, out: bytes, sent: list[int], budget: _Budget) -> None:
+        self.wire, self.out, self.sent, self.budget = wire, out, sent, budget
+        self.read_timeout = wire.read_timeout
+        self.now_s = 0.0  # the socket's timeout now
+
+    def send(self) -> None:
+        self.sent[:] = [self.wire.send(self.out)]
+        # No wait on the socket may outlast the row's deadline.
+        left_s = self.budget.remaining_s(time.perf_counter_ns())
+        if self.wire.sock is not None:  # always: a kept socket holds the last row's wait
+            self.now_s = left_s if self.read_timeout is None else min(self.read_timeout, left_s)
+            self.wire.sock.settimeout(self.now_s)
+
+    def send_first(self, retry: bool) -> bool:
+        """Send; a kept connection whose write fails is replaced once. Returns whether a
+        resend is still allowed."""
+        try:
+            self.send()
+        except httpx.WriteError:
+            if not retry:
+                raise
+            retry = False
+            self.send()
+        return retry
+
+    def shorten(self, t: int) -> None:
+        # Between slow reads there is time to shorten the socket's wait, by a second or
+        # more at a time (at most one syscall a second): a silent server then holds the
+        # row at most a second past its deadline.
+        left_s = self.budget.remaining_s(t)
+        if left_s < self.now_s - 1.0 and self.wire.sock is not None:
+            self.now_s = left_s
+            self.wire.sock.settimeout(left_s)
+
+
+def _connection_ended(head: Head) -> Head:
+    if not head.chunked and head.content_length is None:
+        return head  # a body delimited by the end of the connection
+    raise httpx.RemoteProtocolError(
+        "peer closed connection without sending complete message body "
+        "(incomplete chunked read)")
+
+
+def _body_start(wire: Wire, head: Head, pending: bytes, state: _RowDecoder,
+                raw: tuple[int, int] | None, where: str, path: str) -> bytes:
+    """Once the head is complete: refuse a non-200 answer, set up the body's framing and
+    mark it in the raw log. Returns the body bytes that came with the head."""
+    if head.status != 200:
+        raise _http_error(wire, head, pending, where, path)
+    state.chunked = ChunkedDecoder() if head.chunked else None
+    if raw is not None:
+        os.write(raw[0], HEADER.pack(RAW_CHUNKED if head.chunked else RAW_PLAIN, raw[1], 0, 0))
+    return pending[head.body_offset:]
 
 
 def _http_error(wire: Wire, head: Head, pending: bytes, where: str, path: str) -> StreamError:

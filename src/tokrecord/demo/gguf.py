@@ -22,7 +22,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 import gguf
 import numpy as np
@@ -177,39 +177,13 @@ def write_gguf(model_dir: Path, out_file: Path, name: str = DEMO_MODEL_NAME, *,
         raise ValueError(f"model_type is {config.get('model_type')!r}, expected 'llama'")
     weights = safetensors.numpy.load_file(str(model_dir / "model.safetensors"))
 
-    n_head = int(config["num_attention_heads"])
-    hidden = int(config["hidden_size"])
-    head_dim = int(config.get("head_dim") or hidden // n_head)
     vocab_size = int(config["vocab_size"])
     tokens, types, merges = _vocab(tokenizer, vocab_size)
     n_layers = int(config["num_hidden_layers"]) if layers is None else layers
-    tensors = [(t, d) for t, d in _gguf_tensors(weights, config)
-               if not t.startswith("blk.") or int(t.split(".")[1]) < n_layers]
-    if adjust is not None:
-        tensors = [(t, adjust(t, d)) for t, d in tensors]
-    if f16:
-        tensors = [(t, d.astype(np.float16) if d.ndim == 2 else d) for t, d in tensors]
+    tensors = _tensors(weights, config, n_layers, adjust, f16)
 
     writer = gguf.GGUFWriter(str(out_file), ARCH)
-    # No general.* provenance beyond the name: dates, paths or versions would make rebuilds
-    # differ, and the cache directory name already records where the file came from.
-    writer.add_name(name)
-    writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32))
-    writer.add_vocab_size(vocab_size)
-    writer.add_context_length(int(config["max_position_embeddings"]))
-    writer.add_embedding_length(hidden)
-    writer.add_block_count(n_layers)
-    writer.add_feed_forward_length(int(config["intermediate_size"]))
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(int(config["num_key_value_heads"]))
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    # Full-head rotary embedding with HF's base. No rope scaling key: the model has none, and
-    # llama.cpp's default (none) matches vLLM's plain RoPE.
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(float(config["rope_theta"]))
-    writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
-
+    _write_hparams(writer, config, name, n_layers, f16)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(TOKENIZER_PRE)
     writer.add_token_list(tokens)
@@ -234,7 +208,53 @@ def write_gguf(model_dir: Path, out_file: Path, name: str = DEMO_MODEL_NAME, *,
     return int(sum(d.size for _, d in tensors))
 
 
-def gguf_spec(model_dir: Path) -> dict[str, Any]:
+def _tensors(weights: Mapping[str, npt.NDArray[np.float32]], config: Mapping[str, Any],
+             n_layers: int,
+             adjust: Callable[[str, npt.NDArray[np.float32]], npt.NDArray[np.float32]] | None,
+             f16: bool) -> list[tuple[str, npt.NDArray[Any]]]:
+    """The GGUF tensors of the first `n_layers` blocks (and the rest), adjusted, in f16
+    where asked (1-D norms stay f32)."""
+    tensors = [(t, d) for t, d in _gguf_tensors(weights, config)
+               if not t.startswith("blk.") or int(t.split(".")[1]) < n_layers]
+    if adjust is not None:
+        tensors = [(t, adjust(t, d)) for t, d in tensors]
+    if f16:
+        return [(t, d.astype(np.float16) if d.ndim == 2 else d) for t, d in tensors]
+    return list(tensors)
+
+
+def _write_hparams(writer: gguf.GGUFWriter, config: Mapping[str, Any], name: str,
+                   n_layers: int, f16: bool) -> None:
+    n_head = int(config["num_attention_heads"])
+    hidden = int(config["hidden_size"])
+    head_dim = int(config.get("head_dim") or hidden // n_head)
+    # No general.* provenance beyond the name: dates, paths or versions would make rebuilds
+    # differ, and the cache directory name already records where the file came from.
+    writer.add_name(name)
+    writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32))
+    writer.add_vocab_size(int(config["vocab_size"]))
+    writer.add_context_length(int(config["max_position_embeddings"]))
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(n_layers)
+    writer.add_feed_forward_length(int(config["intermediate_size"]))
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(int(config["num_key_value_heads"]))
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    # Full-head rotary embedding with HF's base. No rope scaling key: the model has none, and
+    # llama.cpp's default (none) matches vLLM's plain RoPE.
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(float(config["rope_theta"]))
+    writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
+
+
+class GgufSpec(TypedDict):
+    converter_version: int
+    source: dict[str, str]  # the HF model's file hashes (model_manifest)
+    versions: dict[str, str]
+
+
+def gguf_spec(model_dir: Path) -> GgufSpec:
     """Everything that determines the GGUF bytes; its hash names the GGUF cache directory."""
     return {
         "converter_version": CONVERTER_VERSION,

@@ -41,6 +41,7 @@ import tokenizers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tokrecord.identity.hashing import manifest_text, sha256_file
+from tokrecord.jsontypes import JSONObject
 
 DEMO_MODEL_NAME: Final = "tokrecord-demo-llama"
 
@@ -74,7 +75,7 @@ CHAT_TEMPLATE: Final = (
 )
 
 # Fixed tokenizer-trainer settings (part of the spec hash).
-TOKENIZER_TRAINER: Final[dict[str, Any]] = {
+TOKENIZER_TRAINER: Final[JSONObject] = {
     "model": "BPE",
     "pre_tokenizer": "ByteLevel(add_prefix_space=False)",
     "decoder": "ByteLevel",
@@ -83,7 +84,7 @@ TOKENIZER_TRAINER: Final[dict[str, Any]] = {
     "input": "whole corpus as one sequence",
 }
 
-MODEL_CONFIG: Final[dict[str, Any]] = {
+MODEL_CONFIG: Final[JSONObject] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "hidden_size": 256,
@@ -177,7 +178,7 @@ def model_name(extra_layers: int = 0) -> str:
     return f"{DEMO_MODEL_NAME}-target{MODEL_CONFIG['num_hidden_layers'] + extra_layers}"
 
 
-def model_config(extra_layers: int = 0) -> dict[str, Any]:
+def model_config(extra_layers: int = 0) -> JSONObject:
     """The HF config of the demo model, or of the target with ``extra_layers`` more layers."""
     if extra_layers < 0:
         raise ValueError(f"extra_layers is {extra_layers}, must be >= 0")
@@ -185,10 +186,10 @@ def model_config(extra_layers: int = 0) -> dict[str, Any]:
             "num_hidden_layers": MODEL_CONFIG["num_hidden_layers"] + extra_layers}
 
 
-def builder_spec(extra_layers: int = 0) -> dict[str, Any]:
+def builder_spec(extra_layers: int = 0) -> JSONObject:
     """Everything that determines the built files; its hash names the cache directory."""
     # The plain model's spec has no pass-through keys, so its hash (and cache) is unchanged.
-    extra: dict[str, Any] = ({"pass_through": {"layers": extra_layers,
+    extra: JSONObject = ({"pass_through": {"layers": extra_layers,
                                                "zero": list(PASS_THROUGH_ZERO)}}
                              if extra_layers else {})
     return {

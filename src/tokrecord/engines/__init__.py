@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .base import (
+    Capability,
     CountSource,
     Endpoint,
     Engine,
@@ -88,6 +89,7 @@ def infer_engine(argv: Sequence[str]) -> EngineName:
 __all__ = [
     "ENGINES",
     "FAKE_MODULE",
+    "Capability",
     "CountSource",
     "Endpoint",
     "Engine",

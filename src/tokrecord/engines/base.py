@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict
 
 from tokrecord.errors import StreamError
+from tokrecord.jsontypes import JSONObject
 from tokrecord.metrics.engine import MetricNames
 from tokrecord.metrics.logfacts import LogExtractor
 from tokrecord.suite import SuiteRow
@@ -83,9 +84,9 @@ class StreamParser:
     finished: bool = False
     # What the engine said about the request at its end (llama.cpp's timings,
     # SGLang's meta_info): kept verbatim for the evidence, never computed on.
-    engine_timings: dict[str, Any] | None = None
+    engine_timings: JSONObject | None = None
 
-    def parse(self, obj: dict[str, Any]) -> Parsed:
+    def parse(self, obj: JSONObject) -> Parsed:
         raise NotImplementedError
 
     def _take(self, n: int, ids: list[int] | None, source: CountSource, text: str,
@@ -181,11 +182,19 @@ def int_arg(argv: Sequence[str], *names: str) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
+class Capability(StrEnum):
+    """What a gate needs from an engine. The gate registry names the capability each
+    gate needs, so an engine declares what it lacks without naming gates."""
+
+    PREFIX_CACHE_COUNTER = "prefix_cache_counter"
+
+
 @dataclass(frozen=True)
 class Limitation:
-    """A gate the engine cannot support: it reads "not tested" with this reason."""
+    """A capability the engine lacks: a gate that needs it reads "not tested" with this
+    reason."""
 
-    gate: str
+    lacks: Capability
     reason: str
 
 
@@ -256,7 +265,7 @@ class Engine:
         return self.native_path
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
-                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   extra: Mapping[str, Any] | None = None) -> JSONObject:
         """One row's request in this engine's dialect, asking for a token count on every
         chunk; `extra` (the plan's request_extra) is merged over it."""
         raise NotImplementedError
@@ -321,8 +330,8 @@ class Engine:
             return f"k:{k},v:{v}"
         return k or v
 
-    def limitation(self, gate: str) -> str | None:
-        return next((x.reason for x in self.limitations if x.gate == gate), None)
+    def limitation(self, needs: Capability | None) -> str | None:
+        return next((x.reason for x in self.limitations if x.lacks is needs), None)
 
     def served_models(self, payload: Any) -> set[str] | None:
         """The model ids in the last ready path's answer (OpenAI's /v1/models form), as

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tokrecord.jsontypes import JSONObject
 from tokrecord.metrics.engine import MetricNames
 from tokrecord.metrics.logfacts import LogExtractor, Reduction
 from tokrecord.suite import SuiteRow
@@ -86,7 +87,7 @@ class LlamaCppParser(StreamParser):
 
     last_predicted: int = 0
 
-    def parse(self, obj: dict[str, Any]) -> Parsed:
+    def parse(self, obj: JSONObject) -> Parsed:
         error_event(obj)
         raw_ids = obj.get("tokens")
         ids = [int(i) for i in raw_ids] if isinstance(raw_ids, list) else None
@@ -165,9 +166,9 @@ class LlamaCppEngine(Engine):
                                  source="--spec-type" if kinds else "-md")
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
-                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   extra: Mapping[str, Any] | None = None) -> JSONObject:
         if endpoint is Endpoint.NATIVE:
-            body: dict[str, Any] = {
+            body: JSONObject = {
                 "prompt": row.prompt, "n_predict": row.max_tokens, "temperature": 0,
                 "stream": True, "return_tokens": True,
             }

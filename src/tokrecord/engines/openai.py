@@ -12,9 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tokrecord.jsontypes import JSONObject
 from tokrecord.suite import SuiteRow
 
 from .base import (
+    Capability,
     CountSource,
     Endpoint,
     Engine,
@@ -27,8 +29,8 @@ from .base import (
 )
 
 
-def openai_body(endpoint: Endpoint, model: str, row: SuiteRow) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model}
+def openai_body(endpoint: Endpoint, model: str, row: SuiteRow) -> JSONObject:
+    body: JSONObject = {"model": model}
     if endpoint is Endpoint.CHAT:
         body["messages"] = [{"role": "user", "content": row.prompt}]
     else:
@@ -50,7 +52,7 @@ class OpenAIParser(StreamParser):
     hint: str = "enable continuous usage stats or logprobs"
     last_completion_tokens: int = 0
 
-    def parse(self, obj: dict[str, Any]) -> Parsed:
+    def parse(self, obj: JSONObject) -> Parsed:
         error_event(obj)
         usage = obj.get("usage")
         # vLLM puts prompt ids in the first choice (completions) or at the top (chat).
@@ -116,12 +118,12 @@ class OpenAIEngine(Engine):
 
     name = EngineName.OPENAI
     limitations = (
-        Limitation("cached_tokens_zero",
+        Limitation(Capability.PREFIX_CACHE_COUNTER,
                    "a generic OpenAI server documents no prefix-cache counter"),
     )
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
-                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   extra: Mapping[str, Any] | None = None) -> JSONObject:
         return {**openai_body(endpoint, model, row), **(extra or {})}
 
     def parser(self, endpoint: Endpoint) -> StreamParser:

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tokrecord.jsontypes import JSONObject
 from tokrecord.metrics.engine import MetricNames
 from tokrecord.suite import SuiteRow
 
@@ -91,7 +92,7 @@ class SglangParser(StreamParser):
     incremental: bool | None = None
     text_len: int = 0
 
-    def parse(self, obj: dict[str, Any]) -> Parsed:
+    def parse(self, obj: JSONObject) -> Parsed:
         error_event(obj)
         meta = obj.get("meta_info")
         meta = meta if isinstance(meta, dict) else {}
@@ -190,9 +191,9 @@ class SglangEngine(Engine):
             draft_model=arg_value(argv, "--speculative-draft-model-path"))
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
-                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   extra: Mapping[str, Any] | None = None) -> JSONObject:
         if endpoint is Endpoint.NATIVE:
-            body: dict[str, Any] = {
+            body: JSONObject = {
                 "text": row.prompt,
                 "sampling_params": {"max_new_tokens": row.max_tokens, "temperature": 0},
                 "stream": True,

@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tokrecord.jsontypes import JSONObject
 from tokrecord.metrics.engine import VLLM_METRICS
 from tokrecord.metrics.logfacts import LogExtractor, Reduction
 from tokrecord.suite import SuiteRow
@@ -83,7 +84,7 @@ class VllmEngine(Engine):
             rejection_sample_method=text("rejection_sample_method"))
 
     def build_body(self, endpoint: Endpoint, model: str, row: SuiteRow,
-                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   extra: Mapping[str, Any] | None = None) -> JSONObject:
         body = openai_body(endpoint, model, row)
         # Per-chunk token ids, so counts and exactness come from the server.
         body["return_token_ids"] = True

@@ -22,6 +22,7 @@ import rfc8785
 from pydantic import BaseModel
 
 from tokrecord.errors import ConfigError, EvidenceError, TokrecordError
+from tokrecord.jsontypes import JSONObject
 
 # The errors that mean "this machine cannot keep evidence here", as opposed to a bug.
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
@@ -199,10 +200,10 @@ def torn_lines(path: Path) -> list[int]:
     return scan_jsonl(path)[1]
 
 
-def scan_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+def scan_jsonl(path: Path) -> tuple[list[JSONObject], list[int]]:
     """The whole records of a JSONL file, and the numbers of its torn lines."""
     data = path.read_bytes()
-    records: list[dict[str, Any]] = []
+    records: list[JSONObject] = []
     torn: list[int] = []
     lines = data.split(b"\n")
     for number, line in enumerate(lines, start=1):
@@ -220,7 +221,7 @@ def scan_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     return records, torn
 
 
-def read_jsonl(path: Path, *, skip_torn: bool = False) -> list[dict[str, Any]]:
+def read_jsonl(path: Path, *, skip_torn: bool = False) -> list[JSONObject]:
     """Every record of a JSONL file. A torn line is an error naming the file and the
     line, unless `skip_torn` (the state log, whose torn lines are named in it)."""
     records, torn = scan_jsonl(path)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from tokrecord.errors import TokrecordError
+from tokrecord.jsontypes import JSONObject
 
 MiB: Final = 1 << 20
 # Caps per kind of file: a real H200 experiment's largest JSON is 0.3 MiB and its
@@ -182,7 +183,7 @@ def read_json(path: Path, cap: int = JSON_CAP) -> Any:
     return parse_json(read_bytes(path, cap), str(path))
 
 
-def read_json_object(path: Path, cap: int = JSON_CAP) -> dict[str, Any]:
+def read_json_object(path: Path, cap: int = JSON_CAP) -> JSONObject:
     value = read_json(path, cap)
     if not isinstance(value, dict):
         raise UnsafeEvidence(str(path), "is not a JSON object")

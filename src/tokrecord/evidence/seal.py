@@ -33,10 +33,10 @@ import re
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import rfc8785
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
@@ -48,6 +48,7 @@ from tokrecord.errors import TokrecordError
 from tokrecord.evidence import safe, write_exclusive
 from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.identity.hashing import manifest_text, sha256_file
+from tokrecord.jsontypes import JSONObject
 
 MANIFEST_NAME = "manifest.sha256"
 SIGNATURE_NAME = "manifest.sig.json"
@@ -358,13 +359,56 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(type_bytes), type_bytes, len(payload), payload)
 
 
+class _Subject(TypedDict):
+    name: str
+    digest: dict[str, str]
+
+
+class _Predicate(TypedDict):
+    manifest_sha256: str
+    public_key: str
+    fingerprint: str
+    sealed_utc: str
+
+
+# The in-toto statement a seal signs.
+class _Statement(TypedDict):
+    _type: str
+    subject: list[_Subject]
+    predicateType: str
+    predicate: _Predicate
+
+
+class _Signature(TypedDict):
+    keyid: str
+    sig: str
+
+
+class _Envelope(TypedDict):
+    payloadType: str
+    payload: str
+    signatures: list[_Signature]
+
+
+class AddendumDocument(TypedDict):
+    schema: str
+    kind: str
+    parent_manifest_sha256: str
+    created_utc: str
+    payload: Mapping[str, Any]
+
+
+def _rfc8785(document: Mapping[str, Any]) -> bytes:
+    return rfc8785.dumps(document)
+
+
 def sign_manifest(directory: Path, key: SigningKey) -> Path:
     """Write ``manifest.sig.json``: a DSSE envelope over an in-toto statement of the manifest."""
     manifest_bytes = (directory / MANIFEST_NAME).read_bytes()
     entries, errors = parse_manifest(manifest_bytes)
     if errors:
         raise SealError(f"cannot sign {directory / MANIFEST_NAME}: {'; '.join(errors)}")
-    statement: dict[str, Any] = {
+    statement: _Statement = {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": rel, "digest": {"sha256": digest}} for rel, digest in entries],
         "predicateType": PREDICATE_TYPE,
@@ -377,8 +421,8 @@ def sign_manifest(directory: Path, key: SigningKey) -> Path:
     }
     # RFC 8785 so that a statement has exactly one byte form: anyone re-deriving
     # it from the parsed JSON gets the bytes that were signed.
-    payload = rfc8785.dumps(statement)
-    envelope: dict[str, Any] = {
+    payload = _rfc8785(statement)
+    envelope: _Envelope = {
         "payloadType": DSSE_PAYLOAD_TYPE,
         "payload": base64.b64encode(payload).decode("ascii"),
         "signatures": [
@@ -387,7 +431,7 @@ def sign_manifest(directory: Path, key: SigningKey) -> Path:
     }
     target = directory / SIGNATURE_NAME
     try:
-        write_exclusive(target, rfc8785.dumps(envelope) + b"\n")
+        write_exclusive(target, _rfc8785(envelope) + b"\n")
     except FileExistsError as exc:
         raise SealError(f"{target} already exists; a sealed directory is never re-sealed") from exc
     return target
@@ -587,28 +631,9 @@ def _verify_envelope(
     problems += [problem(f, m) for f, m in statement_problems]
     if statement is None:
         return problems
-    predicate: dict[str, Any] = statement["predicate"]
-
-    public_key = _load_public_key(predicate.get("public_key"))
-    if public_key is None:
-        problems.append(problem("predicate.public_key", "missing or not an Ed25519 PEM public key"))
-    else:
-        actual_fp = fingerprint_of(_raw_public(public_key))
-        if predicate.get("fingerprint") != actual_fp:
-            problems.append(
-                problem("predicate.fingerprint",
-                        f"says {safe.excerpt(predicate.get('fingerprint'))}, key is {actual_fp}")
-            )
-        if expected_fingerprint is not None and actual_fp != expected_fingerprint:
-            problems.append(
-                problem("fingerprint", f"sealed by key {actual_fp}, expected {expected_fingerprint}")
-            )
-        # keyid is an unauthenticated hint in DSSE, so it selects nothing here:
-        # the seal holds if any signature verifies under the statement's key.
-        signed = pae(str(payload_type), payload)
-        if not any(_verifies(public_key, s, signed) for s in signatures):
-            problems.append(problem("signature", "signature does not verify"))
-
+    predicate: JSONObject = statement["predicate"]
+    problems += [problem(f, m) for f, m in _key_problems(predicate, str(payload_type), payload,
+                                                          signatures, expected_fingerprint)]
     if manifest_bytes is not None:
         claimed = predicate.get("manifest_sha256")
         actual = _sha256(manifest_bytes)
@@ -624,7 +649,31 @@ def _verify_envelope(
     return problems
 
 
-def _parse_statement(payload: bytes) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
+def _key_problems(predicate: Mapping[str, Any], payload_type: str, payload: bytes,
+                  signatures: list[Any], expected_fingerprint: str | None
+                  ) -> list[tuple[str, str]]:
+    """(field, message) for the statement's key: not an Ed25519 key, a fingerprint that is
+    not the key's or not the one expected, no signature that verifies under it."""
+    public_key = _load_public_key(predicate.get("public_key"))
+    if public_key is None:
+        return [("predicate.public_key", "missing or not an Ed25519 PEM public key")]
+    problems: list[tuple[str, str]] = []
+    actual_fp = fingerprint_of(_raw_public(public_key))
+    if predicate.get("fingerprint") != actual_fp:
+        problems.append(("predicate.fingerprint",
+                         f"says {safe.excerpt(predicate.get('fingerprint'))}, key is {actual_fp}"))
+    if expected_fingerprint is not None and actual_fp != expected_fingerprint:
+        problems.append(("fingerprint",
+                         f"sealed by key {actual_fp}, expected {expected_fingerprint}"))
+    # keyid is an unauthenticated hint in DSSE, so it selects nothing here:
+    # the seal holds if any signature verifies under the statement's key.
+    signed = pae(payload_type, payload)
+    if not any(_verifies(public_key, s, signed) for s in signatures):
+        problems.append(("signature", "signature does not verify"))
+    return problems
+
+
+def _parse_statement(payload: bytes) -> tuple[JSONObject | None, list[tuple[str, str]]]:
     try:
         statement = safe.parse_json(payload, "payload")
     except safe.UnsafeEvidence as exc:
@@ -727,7 +776,7 @@ def addenda_dir(parent_dir: Path) -> Path:
 def write_addendum(
     parent_dir: Path,
     kind: str,
-    payload: dict[str, Any],
+    payload: Mapping[str, Any],
     key: SigningKey,
     addenda_root: Path | None = None,
 ) -> Path:
@@ -742,7 +791,7 @@ def write_addendum(
     parent_manifest = _read_plain(parent_dir / MANIFEST_NAME)
     if parent_manifest is None or _read_plain(parent_dir / SIGNATURE_NAME) is None:
         raise SealError(f"{parent_dir} is not sealed; addenda attach only to sealed directories")
-    document: dict[str, Any] = {
+    document: AddendumDocument = {
         "schema": ADDENDUM_SCHEMA,
         "kind": kind,
         "parent_manifest_sha256": _sha256(parent_manifest),
@@ -751,7 +800,7 @@ def write_addendum(
     }
     # Serialise before creating anything, so a payload RFC 8785 refuses (NaN,
     # integers beyond 2**53) leaves no empty numbered directory behind.
-    body = rfc8785.dumps(document) + b"\n"
+    body = _rfc8785(document) + b"\n"
 
     root = addenda_root if addenda_root is not None else addenda_dir(parent_dir)
     root.mkdir(parents=True, exist_ok=True)

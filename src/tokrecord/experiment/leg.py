@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -40,6 +40,7 @@ from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.gates import (
     EXACTNESS_RULE,
     EXACTNESS_RULE_V1,
+    GATES_BY_NAME,
     GATES_VERSION,
     SCHEMA_GATES_PREFIX,
     GateConfig,
@@ -51,6 +52,7 @@ from tokrecord.gates import (
     leg_valid,
 )
 from tokrecord.gates.teacher import Teacher, TeacherRow
+from tokrecord.jsontypes import JSONObject
 from tokrecord.metrics import (
     Convention,
     EngineCounters,
@@ -134,7 +136,7 @@ class LegConfig(BaseModel):
     engine: EngineName | None = None
     endpoint: Endpoint = Endpoint.COMPLETIONS
     headline: Convention = Convention.CONVENTIONAL
-    request_extra: dict[str, Any] = Field(default_factory=dict)
+    request_extra: JSONObject = Field(default_factory=dict)  # merged into the wire body
     request_timeout_s: float = Field(default=600.0, gt=0)
     row_limits: RowLimits = Field(default_factory=RowLimits)
     gates: GateConfig = Field(default_factory=GateConfig)
@@ -269,7 +271,7 @@ def _scrape(http: httpx.Client, path: str | None) -> str | None:
     return resp.text
 
 
-def _redacted_leg(config: LegConfig) -> dict[str, Any]:
+def _redacted_leg(config: LegConfig) -> JSONObject:
     """The leg's configuration as evidence: secret-looking env values and flag values
     redacted (evidence.redact), their names kept."""
     leg = config.model_dump(mode="json", exclude={"suite"})
@@ -278,7 +280,45 @@ def _redacted_leg(config: LegConfig) -> dict[str, Any]:
     return leg
 
 
-def _resolved_config(config: LegConfig, argv: list[str], port: int) -> dict[str, Any]:
+class _SuiteRef(TypedDict):
+    name: str
+    sha256: str
+    rows: int
+
+
+class _EngineRef(TypedDict):
+    name: str
+    inferred: bool
+
+
+class _Client(TypedDict):
+    python: str
+    platform: str
+    pid: int
+
+
+class _Clock(TypedDict):
+    source: str
+    unit: str
+    epoch_ns: str
+
+
+class ConfigFile(TypedDict):
+    """config.json: the leg as configured (secrets redacted) and as resolved."""
+
+    schema: str
+    tokrecord_version: str
+    leg: JSONObject  # LegConfig's JSON form, redacted
+    suite: _SuiteRef
+    resolved_argv: list[str]
+    engine: _EngineRef
+    port: int
+    client: _Client
+    clock: _Clock
+
+
+def _resolved_config(config: LegConfig, argv: list[str], port: int, epoch_ns: int
+                     ) -> ConfigFile:
     return {
         "schema": SCHEMA_CONFIG,
         "tokrecord_version": __version__,
@@ -290,6 +330,7 @@ def _resolved_config(config: LegConfig, argv: list[str], port: int) -> dict[str,
         "port": port,
         "client": {"python": sys.version.split()[0], "platform": platform.platform(),
                    "pid": os.getpid()},
+        "clock": {"source": CLOCK_SOURCE, "unit": "ns since epoch", "epoch_ns": str(epoch_ns)},
     }
 
 
@@ -312,7 +353,7 @@ def compute_leg(
 
 
 def leg_telemetry(records: list[RowRecord], config: LegConfig, summary: LegSummary,
-                  samples: list[dict[str, Any]]) -> TelemetrySummary | None:
+                  samples: list[JSONObject]) -> TelemetrySummary | None:
     """Power and energy over the suite window: first request sent to last byte."""
     if not config.telemetry.enabled:
         return None
@@ -324,8 +365,8 @@ def leg_telemetry(records: list[RowRecord], config: LegConfig, summary: LegSumma
         output_tokens=sum(r.trace.n_tokens for r in records), headline_tok_s=summary.tok_s_out)
 
 
-def covariates_of(records: list[RowRecord], samples: list[dict[str, Any]],
-                  idle_before: list[dict[str, Any]], ready_s: float | None) -> LegCovariates:
+def covariates_of(records: list[RowRecord], samples: list[JSONObject],
+                  idle_before: list[JSONObject], ready_s: float | None) -> LegCovariates:
     """The leg's covariates over the same suite window as its telemetry summary."""
     window = None
     if records:
@@ -335,7 +376,7 @@ def covariates_of(records: list[RowRecord], samples: list[dict[str, Any]],
                           first_ttft_ms=first)
 
 
-def idle_snapshots(path: Path) -> list[dict[str, Any]]:
+def idle_snapshots(path: Path) -> list[JSONObject]:
     """An idle gate's kept snapshots; none when it kept no file."""
     return read_jsonl(path, skip_torn=True) if path.exists() else []
 
@@ -351,12 +392,12 @@ class LegInputs:
     metrics_after: Mapping[str, float] | None
     events: Sequence[Mapping[str, Any]]  # events.jsonl's lines
     server_log: str
-    telemetry: list[dict[str, Any]]  # the sampler's rows (telemetry.jsonl)
+    telemetry: list[JSONObject]  # the sampler's rows (telemetry.jsonl)
     cleanup: CleanupReport | None
     teacher: Teacher | None
     idle: Mapping[str, IdleResult | None]
     # The idle gate's snapshots before the leg; None: the leg recorded no covariates.
-    idle_before_snapshots: list[dict[str, Any]] | None
+    idle_before_snapshots: list[JSONObject] | None
     ready_seconds: float | None
     earlier_attempts: tuple[str | None, ...]
     # False for a leg sealed before the probes (record.migrate.leg_has_probes): it has
@@ -441,15 +482,9 @@ def run_leg(
     _write_inputs(run, config, argv, port, epoch_ns)
     events = run.jsonl(layout.EVENTS)
     raw_fd = run.raw_fd(layout.RAW_READS)
-    # The leg's name goes to the server as TOKRECORD_LEG: a wrapper script (or the fake
-    # server's seeded leg jitter) may use it; nothing else is added to the arm's env.
-    server = ServerProcess(argv, port=port, host=spec.host, log_path=run.file(layout.SERVER_LOG),
-                           env={**spec.env, LEG_ENV: config.name,
-                                RUN_DIR_ENV: str(run.path.resolve())},
-                           stop_grace_s=spec.stop_grace_s)
+    leg = _Leg(run, config, obs, probe_set, _leg_server(run, config, argv, port), events, raw_fd,
+               epoch_ns, argv, port)
     st = _LegState(t0=time.monotonic())
-    started = False
-    sampler: TelemetrySampler | None = None
     make_http = http_factory or (
         # verify=False: the server's base URL is plain http (ServerProcess.base_url), so no
         # CA bundle to load (20 ms of CPU a client).
@@ -457,37 +492,7 @@ def run_leg(
                                            timeout=httpx.Timeout(timeout, connect=10.0))
     )
     try:
-        run.write_json(layout.PROBES, {"backends": probe_set.backends, "notes": probe_set.notes})
-        run.write_json(layout.HARDWARE, describe_hardware(
-            probe_set.snapshot(), cpu=cpu_model(), os=os_name()))
-        st.idle["before"] = before_gate = _idle_gate(run, probe_set, config.idle, "before", obs)
-        if not before_gate.passed:
-            raise IdleTimeout(
-                f"the machine did not become idle within {config.idle.timeout_s:g} s "
-                f"({before_gate.snapshots} snapshots): {before_gate.reason}; the leg did not start")
-        if config.telemetry.enabled:
-            sampler = TelemetrySampler(run.file(layout.TELEMETRY), config.telemetry.interval_s,
-                                       epoch_ns)
-            sampler.wait_first()
-        obs.server_starting(argv, run.file(layout.SERVER_LOG))
-        server.start()
-        started = True
-        # So a later resume can find (and stop) a server orphaned by a hard kill.
-        run.write_json(layout.SERVER_INFO, {"pid": server.pid, "pgid": server.pid, "port": port,
-                                            "argv": redact_argv(argv),
-                                            "create_time": server.create_time})
-        st.ready_s = server.wait_ready(spec.ready_timeout_s, model=spec.request_model,
-                                       on_poll=obs.server_waiting, engine=config.adapter)
-        obs.server_ready(st.ready_s)
-        listening = server.exposed()
-        if listening:
-            obs.server_exposed(listening)
-        with make_http(server.base_url, config.request_timeout_s) as http:
-            try:
-                st.version = _engine_version(http, config.adapter)
-                _stream_suite(http, run, config, events, obs, epoch_ns, st, raw_fd)
-            finally:
-                close_wire(http)  # the rows' own connection, before the server stops
+        _start_and_stream(leg, st, make_http)
         st.status = "complete"
     except KeyboardInterrupt:
         st.status, st.error = "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)"
@@ -499,43 +504,114 @@ def run_leg(
         st.error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        # Each step runs whatever the one before it did (a full disk can fail any
-        # write): the server is stopped and the sampler ended in every case. The first
-        # error of a leg that had none so far is raised after all of them.
-        late: list[BaseException] = []
-
-        def step(action: Callable[[], object]) -> None:
-            try:
-                action()
-            except Exception as exc:
-                late.append(exc)
-
-        if started:
-            cleanup = st.cleanup = server.stop()
-            obs.server_stopped(cleanup)
-            step(lambda: run.write_json(layout.CLEANUP, {**cleanup.model_dump(mode="json"),
-                                                         "passed": cleanup.passed}))
-        if sampler is not None:
-            st.sampler_problem = sampler.stop()
-        if started and st.status != "interrupted":
-            # After an interrupt the user wants out, not a minute of sampling.
-            def after() -> None:
-                with contextlib.suppress(TokrecordError):
-                    st.idle["after"] = _idle_gate(run, probe_set, config.idle, "after", obs)
-            step(after)
-        probe_set.close()
-        if st.idle["before"] is not None:
-            step(lambda: run.write_json(layout.IDLE, {
-                phase: r.model_dump(mode="json") if r else None for phase, r in st.idle.items()}))
-        step(events.close)
-        os.close(raw_fd)
-        if st.status != "complete":
-            # The original error is what the user needs; a second one here must not hide it.
-            with contextlib.suppress(Exception):
-                _write_results(run, config, st, teacher)
-        elif late:
-            raise late[0]
+        _end_leg(leg, st, teacher)
     return _write_results(run, config, st, teacher)
+
+
+@dataclass(frozen=True)
+class _Leg:
+    """What one leg works with from start to end (its state is _LegState)."""
+
+    run: RunDir
+    config: LegConfig
+    obs: LegObserver
+    probe_set: ProbeSet
+    server: ServerProcess
+    events: JsonlWriter
+    raw_fd: int
+    epoch_ns: int
+    argv: list[str]
+    port: int
+
+
+def _leg_server(run: RunDir, config: LegConfig, argv: list[str], port: int) -> ServerProcess:
+    # The leg's name goes to the server as TOKRECORD_LEG: a wrapper script (or the fake
+    # server's seeded leg jitter) may use it; nothing else is added to the arm's env.
+    spec = config.server
+    return ServerProcess(argv, port=port, host=spec.host, log_path=run.file(layout.SERVER_LOG),
+                         env={**spec.env, LEG_ENV: config.name,
+                              RUN_DIR_ENV: str(run.path.resolve())},
+                         stop_grace_s=spec.stop_grace_s)
+
+
+def _start_and_stream(leg: _Leg, st: _LegState,
+                      make_http: Callable[[str, float], httpx.Client]) -> None:
+    """The leg's own steps: the machine's facts, the idle gate, the sampler, the server
+    started to readiness, then every row."""
+    run, config, obs, server = leg.run, leg.config, leg.obs, leg.server
+    spec = config.server
+    run.write_json(layout.PROBES, {"backends": leg.probe_set.backends,
+                                   "notes": leg.probe_set.notes})
+    run.write_json(layout.HARDWARE, describe_hardware(
+        leg.probe_set.snapshot(), cpu=cpu_model(), os=os_name()))
+    st.idle["before"] = before_gate = _idle_gate(run, leg.probe_set, config.idle, "before", obs)
+    if not before_gate.passed:
+        raise IdleTimeout(
+            f"the machine did not become idle within {config.idle.timeout_s:g} s "
+            f"({before_gate.snapshots} snapshots): {before_gate.reason}; the leg did not start")
+    if config.telemetry.enabled:
+        st.sampler = TelemetrySampler(run.file(layout.TELEMETRY), config.telemetry.interval_s,
+                                      leg.epoch_ns)
+        st.sampler.wait_first()
+    obs.server_starting(leg.argv, run.file(layout.SERVER_LOG))
+    server.start()
+    st.started = True
+    # So a later resume can find (and stop) a server orphaned by a hard kill.
+    run.write_json(layout.SERVER_INFO, {"pid": server.pid, "pgid": server.pid, "port": leg.port,
+                                        "argv": redact_argv(leg.argv),
+                                        "create_time": server.create_time})
+    st.ready_s = server.wait_ready(spec.ready_timeout_s, model=spec.request_model,
+                                   on_poll=obs.server_waiting, engine=config.adapter)
+    obs.server_ready(st.ready_s)
+    listening = server.exposed()
+    if listening:
+        obs.server_exposed(listening)
+    with make_http(server.base_url, config.request_timeout_s) as http:
+        try:
+            st.version = _engine_version(http, config.adapter)
+            _stream_suite(http, run, config, leg.events, obs, leg.epoch_ns, st, leg.raw_fd)
+        finally:
+            close_wire(http)  # the rows' own connection, before the server stops
+
+
+def _end_leg(leg: _Leg, st: _LegState, teacher: Teacher | None) -> None:
+    """Each step runs whatever the one before it did (a full disk can fail any write):
+    the server is stopped and the sampler ended in every case. The first error of a leg
+    that had none so far is raised after all of them."""
+    run, config, obs = leg.run, leg.config, leg.obs
+    late: list[BaseException] = []
+
+    def step(action: Callable[[], object]) -> None:
+        try:
+            action()
+        except Exception as exc:
+            late.append(exc)
+
+    if st.started:
+        cleanup = st.cleanup = leg.server.stop()
+        obs.server_stopped(cleanup)
+        step(lambda: run.write_json(layout.CLEANUP, {**cleanup.model_dump(mode="json"),
+                                                     "passed": cleanup.passed}))
+    if st.sampler is not None:
+        st.sampler_problem = st.sampler.stop()
+    if st.started and st.status != "interrupted":
+        # After an interrupt the user wants out, not a minute of sampling.
+        def after() -> None:
+            with contextlib.suppress(TokrecordError):
+                st.idle["after"] = _idle_gate(run, leg.probe_set, config.idle, "after", obs)
+        step(after)
+    leg.probe_set.close()
+    if st.idle["before"] is not None:
+        step(lambda: run.write_json(layout.IDLE, {
+            phase: r.model_dump(mode="json") if r else None for phase, r in st.idle.items()}))
+    step(leg.events.close)
+    os.close(leg.raw_fd)
+    if st.status != "complete":
+        # The original error is what the user needs; a second one here must not hide it.
+        with contextlib.suppress(Exception):
+            _write_results(run, config, st, teacher)
+    elif late:
+        raise late[0]
 
 
 @dataclass
@@ -554,13 +630,13 @@ class _LegState:
     version: dict[str, str] | None = None
     idle: dict[str, IdleResult | None] = field(
         default_factory=lambda: {"before": None, "after": None})
+    started: bool = False  # the server was started: it must be stopped
+    sampler: TelemetrySampler | None = None
 
 
 def _write_inputs(run: RunDir, config: LegConfig, argv: list[str], port: int,
                   epoch_ns: int) -> None:
-    run.write_json(layout.CONFIG, {**_resolved_config(config, argv, port), "clock": {
-        "source": CLOCK_SOURCE, "unit": "ns since epoch",
-        "epoch_ns": str(epoch_ns)}})
+    run.write_json(layout.CONFIG, _resolved_config(config, argv, port, epoch_ns))
     run.write_bytes(
         layout.SUITE, b"".join(canonical_json(r.model_dump()) + b"\n" for r in config.suite.rows)
     )
@@ -677,14 +753,14 @@ def evaluate_gates(
     cleanup: CleanupReport | None,
     teacher: Teacher | None,
     *,
-    requests: list[dict[str, Any]],
+    requests: list[JSONObject],
     metrics_before: Mapping[str, float] | None,
     server_log: str,
     idle: Mapping[str, IdleResult | None] | None,
     rule: int = EXACTNESS_RULE,
     version: int = 0,
     earlier_attempts: tuple[str | None, ...] = (),
-    telemetry: list[dict[str, Any]] | None = None,
+    telemetry: list[JSONObject] | None = None,
 ) -> list[GateResult]:
     """Every quality gate of one leg, from what the leg recorded (the registry,
     gates.GATES, says which). `idle` None: the evidence predates idle gates (verifying
@@ -719,7 +795,8 @@ def earlier_attempts(run_dir: Path) -> tuple[str | None, ...]:
 
 def _engine_limits(gate: GateResult, engine: Engine) -> GateResult:
     """A gate the engine cannot support says why, in the engine's words."""
-    reason = engine.limitation(gate.name)
+    spec = GATES_BY_NAME.get(gate.name)
+    reason = engine.limitation(spec.needs if spec is not None else None)
     if reason is None or gate.status is not GateStatus.NOT_TESTED:
         return gate
     return gate.model_copy(update={"reason": reason})

@@ -11,8 +11,9 @@ read it without importing the submission stage. The document is
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NotRequired, TypedDict, cast
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import canonical_json, layout
@@ -20,7 +21,30 @@ from tokrecord.evidence import canonical_json, layout
 PRIOR_CHECK_SCHEMA: Final = "tokrecord.prior-check/v1"
 
 
-def write_prior_check(exp_dir: Path, observation: dict[str, Any]) -> Path:
+class PriorObservation(TypedDict):
+    """A prior-check.json document: always the plan's side; the row's as seen when
+    rechecked, else the reason it was not."""
+
+    schema: str
+    plan_sha256: str
+    target: str
+    base_url: str
+    prior_id: str | None
+    plan_value_tok_s: float | None
+    rechecked: bool
+    reason: NotRequired[str]
+    checked_utc: NotRequired[str | None]
+    http_status: NotRequired[int | None]
+    found: NotRequired[bool]
+    status: NotRequired[str | None]
+    tok_s_out: NotRequired[float | None]
+    created_at: NotRequired[str | None]
+    exchange: NotRequired[Mapping[str, object]]  # submit.target.ExchangeJSON
+    match: NotRequired[bool]
+    refused: NotRequired[str | None]
+
+
+def write_prior_check(exp_dir: Path, observation: PriorObservation) -> Path:
     """``prior-check.json`` in the experiment directory, once (exclusive create); an
     identical file already there is kept."""
     path = exp_dir / layout.PRIOR_CHECK
@@ -32,7 +56,7 @@ def write_prior_check(exp_dir: Path, observation: dict[str, Any]) -> Path:
     return path
 
 
-def load_prior_check(exp_dir: Path) -> dict[str, Any] | None:
+def load_prior_check(exp_dir: Path) -> PriorObservation | None:
     """The sealed observation of the prior (None: the experiment has none)."""
     path = exp_dir / layout.PRIOR_CHECK
     if not path.is_file():
@@ -43,7 +67,7 @@ def load_prior_check(exp_dir: Path) -> dict[str, Any] | None:
         raise ConfigError(f"{path} cannot be read: {exc}") from exc
     if not isinstance(doc, dict) or doc.get("schema") != PRIOR_CHECK_SCHEMA:
         raise ConfigError(f"{path} is not a {PRIOR_CHECK_SCHEMA} document")
-    return doc
+    return cast(PriorObservation, doc)  # the schema id names the form; readers .get() keys
 
 
 def prior_record_fields(exp_dir: Path) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from tokrecord.client.rawlog import read_raw
 from tokrecord.client.stream import decode_raw_row
@@ -22,6 +22,13 @@ from tokrecord.engines import Endpoint, EngineName, engine_for
 from tokrecord.evidence import canonical_json, layout, scan_jsonl, write_exclusive
 
 SCHEMA = "tokrecord.raw-recovery/v1"
+
+
+class RecoveredRow(TypedDict):
+    row: int
+    tokens: int
+    reads: int
+    complete_on_wire: bool
 
 
 def recover_attempt(run_dir: Path) -> dict[str, Any] | None:
@@ -41,7 +48,7 @@ def recover_attempt(run_dir: Path) -> dict[str, Any] | None:
     kept = scan_jsonl(events_path)[0] if events_path.exists() else []
     ended = {r.get("row") for r in kept if r.get("kind") == "end"}
     out: list[dict[str, Any]] = []
-    summary: list[dict[str, Any]] = []
+    summary: list[RecoveredRow] = []
     for index, raw in sorted(rows.items()):
         if index in ended:
             continue  # the live client recorded this row, its end included

@@ -33,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 import psutil
 
@@ -91,6 +91,7 @@ from tokrecord.experiment.sweep import SweepSequential
 from tokrecord.experiment.sweep_sequential import leg_exact, plan_sequential_sweep
 from tokrecord.gates.teacher import Teacher, load_teacher, write_teacher
 from tokrecord.identity import Identity, IdentitySpec, collect_identity, manifest_text
+from tokrecord.jsontypes import JSONObject
 from tokrecord.server import xllamacpp
 from tokrecord.server.process import resolve_program, servers_of_run
 from tokrecord.suite import Suite, load_suite
@@ -425,7 +426,16 @@ def _identity_bytes(identity: Identity) -> bytes:
     return canonical_json(identity.model_dump(mode="json")) + b"\n"
 
 
-def check_identity(plan: Plan, exp_dir: Path) -> dict[str, Any]:
+class IdentityCheck(TypedDict):
+    """The identity collected again before a leg, against the preregistered one (the
+    journal's LegIdentity fields)."""
+
+    identity_sha256: str
+    matches_preregistered: bool
+    changed: list[str]
+
+
+def check_identity(plan: Plan, exp_dir: Path) -> IdentityCheck:
     """Identity collected again, just before a leg, against the preregistered identity.json:
     its sha256, whether it matches, and which of its parts changed (names, not guesses)."""
     with tempfile.TemporaryDirectory(prefix="tokrecord-identity-") as tmp:
@@ -465,7 +475,7 @@ def _run_attempts(
     index: int,
     total: int,
     before_run: Callable[[], None] = lambda: None,
-    identity: Callable[[], dict[str, Any]] | None = None,
+    identity: Callable[[], IdentityCheck] | None = None,
     stopped: set[tuple[str, int]] | None = None,
 ) -> LegResult:
     """Keep a complete attempt; else mark earlier ones interrupted, wait `before_run`
@@ -683,7 +693,7 @@ def mark_complete(exp_dir: Path, record_path: Path) -> None:
     _State(exp_dir / STATE).append(Complete(record=str(record_path)))
 
 
-def attempts_log(exp_dir: Path) -> list[dict[str, Any]]:
+def attempts_log(exp_dir: Path) -> list[JSONObject]:
     """Every leg attempt with its outcome, from the state log."""
     return [
         {"leg": e.leg, "attempt": e.attempt, "status": e.status, "valid": e.valid,
@@ -692,9 +702,9 @@ def attempts_log(exp_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-def leg_identities(exp_dir: Path) -> dict[str, dict[str, Any]]:
+def leg_identities(exp_dir: Path) -> dict[str, JSONObject]:
     """Per leg, the identity check of its last attempt (the one a record counts)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, JSONObject] = {}
     for e in _read(exp_dir):
         if isinstance(e, LegIdentity):
             out[e.leg] = {"identity_sha256": e.identity_sha256,

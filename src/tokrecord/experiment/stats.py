@@ -27,8 +27,8 @@ import math
 import statistics
 from collections.abc import Sequence
 from enum import StrEnum
-from functools import lru_cache
-from typing import Any, Final
+from functools import lru_cache, partial
+from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -248,14 +248,14 @@ def leg_analysis(legs: Sequence[AnalysisLeg], confidence: float, equivalence_pct
     """The verdict on candidate/control with between-leg variance in its interval."""
     names = [leg.figures.name for leg in legs]
     blocks = len({leg.block for leg in legs})
-    base: dict[str, Any] = {"method": ANALYSIS_METHOD, "statistic": ANALYSIS_STATISTIC,
-            "confidence": confidence, "equivalence_pct": equivalence_pct,
-            "blocks": blocks, "legs": len(legs), "record_confidence": record_confidence}
+    base = partial(VerdictAnalysis, method=ANALYSIS_METHOD, statistic=ANALYSIS_STATISTIC,
+                   confidence=confidence, equivalence_pct=equivalence_pct, blocks=blocks,
+                   legs=len(legs), record_confidence=record_confidence)
 
     def undecided(reason: str, rows: int = 0, df: int = 0,
                   stats: dict[str, float] | None = None) -> VerdictAnalysis:
-        return VerdictAnalysis(
-            **base, ratio=None, ci_low=None, ci_high=None, rows_used=rows, df=df,
+        return base(
+            ratio=None, ci_low=None, ci_high=None, rows_used=rows, df=df,
             leg_statistics=stats or {}, residual_sd_pct=None, leg_noise_sd_pct=None,
             leg_noise_df=df, row_noise_sd_pct=None, row_noise_df=0,
             verdict=Verdict.UNDECIDED, record_ci_low=None, record_ci_high=None,
@@ -285,8 +285,8 @@ def leg_analysis(legs: Sequence[AnalysisLeg], confidence: float, equivalence_pct
     rec_low, rec_high = math.exp(tau - t_rec * se), math.exp(tau + t_rec * se)
     leg_var = s2 - HL_VARIANCE_FACTOR * row_sd**2 / n_rows if row_sd is not None else s2
     found = verdict(low, high, equivalence_pct)
-    return VerdictAnalysis(
-        **base, ratio=math.exp(tau), ci_low=low, ci_high=high, rows_used=len(keep), df=df,
+    return base(
+        ratio=math.exp(tau), ci_low=low, ci_high=high, rows_used=len(keep), df=df,
         leg_statistics=stats, residual_sd_pct=100 * math.sqrt(s2),
         leg_noise_sd_pct=100 * math.sqrt(max(leg_var, 0.0)), leg_noise_df=df,
         row_noise_sd_pct=None if row_sd is None else 100 * row_sd, row_noise_df=row_df,

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from functools import lru_cache
-from typing import Any, Final, NamedTuple
+from functools import lru_cache, partial
+from typing import Final, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -279,34 +279,21 @@ def sweep_analysis(legs: Sequence[SweepLegInput], arms: Sequence[str], control: 
     k = len(arms)
     order_arms = [control, *[a for a in arms if a != control]]
     index = {a: i for i, a in enumerate(order_arms)}
-    by_block: dict[int, list[SweepLegInput]] = {}
-    for leg in legs:
-        by_block.setdefault(leg.block, []).append(leg)
-    complete = sorted(b for b, ls in by_block.items()
-                      if sorted(leg.figures.arm for leg in ls) == sorted(order_arms))
-    dropped = tuple(sorted(set(by_block) - set(complete)))
-    used = [leg for b in complete for leg in by_block[b]]
+    complete, dropped, used = _complete_blocks(legs, order_arms)
     summaries = tuple(_summary(a, [leg for leg in legs if leg.figures.arm == a])
                       for a in order_arms)
     exact = {s.arm: s.exact for s in summaries}
-    base: dict[str, Any] = {"method": method, "control": control, "arms": tuple(order_arms),
-            "order": tuple(leg.figures.name for leg in used), "blocks": len(complete),
-            "dropped_blocks": dropped, "confidence": confidence,
-            "record_confidence": record_confidence, "arm_summaries": summaries}
-
-    def undecided(reason: str, df: int = 0,
-                  stats: dict[str, float] | None = None) -> SweepAnalysis:
-        return SweepAnalysis(**base, df=df, critical_value=None, mcb_critical_value=None,
-                             residual_sd_pct=None, leg_statistics=stats or {}, contrasts=(),
-                             best=None, best_statement="no claim: " + reason, reason=reason)
-
+    base = partial(SweepAnalysis, method=method, control=control, arms=tuple(order_arms),
+                   order=tuple(leg.figures.name for leg in used), blocks=len(complete),
+                   dropped_blocks=dropped, confidence=confidence,
+                   record_confidence=record_confidence, arm_summaries=summaries)
     df = sweep_df(k, len(complete))
     if df < MIN_LEG_DF:
-        return undecided(f"{len(complete)} complete block(s) of {k} arms leave {df} residual "
-                         f"df; {MIN_LEG_DF} are needed", max(df, 0))
+        return _undecided(base, f"{len(complete)} complete block(s) of {k} arms leave {df} "
+                          f"residual df; {MIN_LEG_DF} are needed", max(df, 0))
     m = _leg_figures(used)
     if m is None:
-        return undecided("no row has a rate in every leg", df)
+        return _undecided(base, "no row has a rate in every leg", df)
     stats = {leg.figures.name: round(float(100 * v), 9) for leg, v in zip(used, m, strict=True)}
     effects, s2, df = fit_arms(m, [leg.block for leg in used],
                                [index[leg.figures.arm] for leg in used], k)
@@ -314,22 +301,44 @@ def sweep_analysis(legs: Sequence[SweepLegInput], arms: Sequence[str], control: 
     c, c_rec = critical if critical is not None else (
         sweep_critical(k - 1, df, confidence, method),
         sweep_critical(k - 1, df, record_confidence, method))
-    contrasts = []
-    for a in order_arms[1:]:
-        e = float(effects[index[a] - 1])
-        low, high = math.exp(e - c * se), math.exp(e + c * se)
-        contrasts.append(Contrast(arm=a, ratio=math.exp(e), ci_low=low, ci_high=high,
-                                  record_ci_low=math.exp(e - c_rec * se),
-                                  verdict=verdict(low, high, equivalence_pct)))
+    contrasts = [_contrast(a, float(effects[index[a] - 1]), se, c, c_rec, equivalence_pct)
+                 for a in order_arms[1:]]
     theta = {a: 0.0 if a == control else float(effects[index[a] - 1]) for a in order_arms}
     eligible = [a for a in order_arms if exact[a]]
     best, statement, d = _best(theta, eligible, se, df, confidence, exact,
                                None if critical is None else c)
-    return SweepAnalysis(**base, df=df, critical_value=c, mcb_critical_value=d,
-                         residual_sd_pct=100 * math.sqrt(s2), leg_statistics=stats,
-                         contrasts=tuple(contrasts), best=best, best_statement=statement,
-                         reason=f"Dunnett |t| <= {c:.3f} on {df} df, {len(used)} legs in "
-                                f"{len(complete)} complete block(s)")
+    return base(df=df, critical_value=c, mcb_critical_value=d,
+                residual_sd_pct=100 * math.sqrt(s2), leg_statistics=stats,
+                contrasts=tuple(contrasts), best=best, best_statement=statement,
+                reason=f"Dunnett |t| <= {c:.3f} on {df} df, {len(used)} legs in "
+                       f"{len(complete)} complete block(s)")
+
+
+def _complete_blocks(legs: Sequence[SweepLegInput], arms: Sequence[str]
+                     ) -> tuple[list[int], tuple[int, ...], list[SweepLegInput]]:
+    """The blocks with every arm once (analysed), those without (dropped), and the legs
+    of the complete ones in block order."""
+    by_block: dict[int, list[SweepLegInput]] = {}
+    for leg in legs:
+        by_block.setdefault(leg.block, []).append(leg)
+    complete = sorted(b for b, ls in by_block.items()
+                      if sorted(leg.figures.arm for leg in ls) == sorted(arms))
+    dropped = tuple(sorted(set(by_block) - set(complete)))
+    return complete, dropped, [leg for b in complete for leg in by_block[b]]
+
+
+def _undecided(base: Callable[..., SweepAnalysis], reason: str, df: int = 0) -> SweepAnalysis:
+    return base(df=df, critical_value=None, mcb_critical_value=None, residual_sd_pct=None,
+                leg_statistics={}, contrasts=(), best=None,
+                best_statement="no claim: " + reason, reason=reason)
+
+
+def _contrast(arm: str, effect: float, se: float, c: float, c_rec: float,
+              equivalence_pct: float) -> Contrast:
+    low, high = math.exp(effect - c * se), math.exp(effect + c * se)
+    return Contrast(arm=arm, ratio=math.exp(effect), ci_low=low, ci_high=high,
+                    record_ci_low=math.exp(effect - c_rec * se),
+                    verdict=verdict(low, high, equivalence_pct))
 
 
 def _best(theta: Mapping[str, float], eligible: Sequence[str], se: float, df: int,

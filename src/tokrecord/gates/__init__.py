@@ -15,10 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple, NotRequired, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tokrecord.engines.base import Capability
 from tokrecord.engines.vllm import VLLM_CACHED_HINT, VLLM_GENERATION_LINE, VLLM_METRICS
 from tokrecord.gates.teacher import Teacher, TeacherRow
 from tokrecord.probes.idle import IdleResult
@@ -263,6 +264,60 @@ def exactness(outcomes: Sequence[RowOutcome], teacher: Teacher | None,
     }
 
 
+# Each gate's evidence, as its check builds it (GateResult.evidence holds any gate's).
+class _RowByText(TypedDict):
+    row: int
+    row_id: str
+    why: str | None
+    ids_checked: int
+
+
+class _TeacherExactEvidence(TypedDict):
+    compared_by: list[str]
+    teacher_sha256: str
+    divergences: list[Mapping[str, object]]  # Divergence's JSON form
+    fallback: NotRequired[str]  # rule 1
+    rows_by_token_ids: NotRequired[int]  # rule 2
+    rows_by_text: NotRequired[list[_RowByText]]  # rule 2
+    rows_missing_from_leg: NotRequired[int]
+
+
+class _LongContextEvidence(TypedDict):
+    threshold: int
+    longest_row: int
+    longest_prompt_tokens: int | None
+    pairs: NotRequired[list[tuple[int, int]]]
+
+
+class _CountProblem(TypedDict):
+    row: int
+    problem: str
+
+
+class _NoWarmupEvidence(TypedDict):
+    first_request_row: int | None
+    server_counters_before_suite: NotRequired[dict[str, float]]
+    generation_requests_in_server_log: NotRequired[int | None]
+
+
+class _AttemptsEvidence(TypedDict):
+    attempts: int
+    earlier: list[str | None]
+
+
+class _DeviceClocks(TypedDict):
+    samples: int
+    sm_clock_mhz_min: float
+    sm_clock_mhz_max: float
+    drop_pct: float
+    throttle_reasons: list[str] | None
+
+
+class _ClocksEvidence(TypedDict):
+    drop_max_pct: float
+    devices: dict[str, _DeviceClocks]
+
+
 def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None,
                   rule: int = EXACTNESS_RULE) -> GateResult:
     name = TEACHER_EXACT
@@ -272,7 +327,7 @@ def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None,
     by_index = {r.row: r for r in teacher.rows}
     divergences: list[Divergence] = []
     modes = set()
-    by_text: list[dict[str, Any]] = []
+    by_text: list[_RowByText] = []
     for o in outcomes:
         t = by_index.get(o.row)
         if t is None:
@@ -289,8 +344,9 @@ def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None,
             divergences.append(d)
     exact = len(outcomes) - len(divergences)
     missing = len(teacher.rows) - len(outcomes)
-    evidence: dict[str, Any] = {"compared_by": sorted(modes), "teacher_sha256": teacher.sha256,
-                                "divergences": [d.model_dump() for d in divergences]}
+    evidence: _TeacherExactEvidence = {
+        "compared_by": sorted(modes), "teacher_sha256": teacher.sha256,
+        "divergences": [d.model_dump() for d in divergences]}
     if rule < EXACTNESS_RULE:
         if "text" in modes:
             evidence["fallback"] = "some rows compared by text: the server returned no token ids"
@@ -305,13 +361,13 @@ def teacher_exact(outcomes: Sequence[RowOutcome], teacher: Teacher | None,
                   if divergences else f"the leg has {len(outcomes)} rows, the teacher "
                   f"{len(teacher.rows)}")
         return GateResult(name=name, status=GateStatus.FAIL, count=_fraction(exact, len(outcomes)),
-                          reason=reason, evidence=evidence)
+                          reason=reason, evidence=dict(evidence))
     if rule < EXACTNESS_RULE:
         said = "every row matches the teacher " + "/".join(sorted(modes))
     else:
         said = "every row matches the teacher: " + compared_by_phrase(evidence, len(outcomes))
     return GateResult(name=name, status=GateStatus.PASS, count=_fraction(exact, len(outcomes)),
-                      reason=said, evidence=evidence)
+                      reason=said, evidence=dict(evidence))
 
 
 def compared_by_phrase(evidence: Mapping[str, Any], rows: int) -> str:
@@ -432,21 +488,24 @@ def long_context_then_next(
         return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
                           reason="the server reported no prompt token counts")
     longest = max(sized, key=lambda o: o.prompt_tokens or 0)
-    evidence: dict[str, Any] = {"threshold": threshold, "longest_row": longest.row,
-                                "longest_prompt_tokens": longest.prompt_tokens}
+    evidence: _LongContextEvidence = {"threshold": threshold, "longest_row": longest.row,
+                                      "longest_prompt_tokens": longest.prompt_tokens}
     long_rows = [o for o in sized if (o.prompt_tokens or 0) >= threshold]
     if not long_rows:
-        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False, evidence=evidence,
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
+                          evidence=dict(evidence),
                           reason=f"the longest prompt has {longest.prompt_tokens} tokens, below the "
                           f"declared threshold {threshold}")
     last = outcomes[-1].row
     followed = [o for o in long_rows if o.row != last]
     if not followed:
-        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False, evidence=evidence,
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
+                          evidence=dict(evidence),
                           reason=f"the {longest.prompt_tokens}-token prompt is row {longest.row}, the "
                           "last row, so this run does not test long-context-then-next")
     if not exact:
-        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False, evidence=evidence,
+        return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
+                          evidence=dict(evidence),
                           reason="no teacher: exactness of the next row unknown")
     pairs = [(o.row, o.row + 1) for o in followed]
     ok = [p for p in pairs if exact.get(p[1])]
@@ -454,7 +513,7 @@ def long_context_then_next(
     longest = max(followed, key=lambda o: o.prompt_tokens or 0)
     status = GateStatus.PASS if len(ok) == len(pairs) else GateStatus.FAIL
     return GateResult(name=name, status=status, count=_fraction(len(ok), len(pairs)), required=False,
-                      evidence=evidence,
+                      evidence=dict(evidence),
                       reason=f"the {longest.prompt_tokens}-token prompt (row {longest.row}) is "
                       f"followed by {'an exact' if status is GateStatus.PASS else 'a divergent'} row")
 
@@ -492,7 +551,7 @@ def token_count_integrity(outcomes: Sequence[RowOutcome]) -> GateResult:
                           reason=f"rows {unreported} carry no server-reported completion_tokens "
                           "(ask for stream_options.include_usage)",
                           evidence={"rows_unreported": unreported})
-    bad: list[dict[str, Any]] = []
+    bad: list[_CountProblem] = []
     for o in outcomes:
         if o.completion_tokens != o.n_tokens:
             bad.append({"row": o.row, "problem": f"server reported {o.completion_tokens} "
@@ -527,27 +586,43 @@ def request_log_gates(
     The engine names the counters that move on any generation and its log's line for
     one generation request."""
     rows_requested = [int(r["row"]) for r in requests]
-    hashes = [o.prompt_sha256 for o in outcomes]
-    gates = []
+    return [_fresh_unique_prompts(outcomes), _single_active(outcomes),
+            _no_warmup(rows_requested, len(requests), metrics_before, server_log,
+                       generation_counters, generation_line),
+            _one_suite_invocation(rows_requested, planned_rows),
+            _zero_retries(rows_requested)]
 
+
+def _fresh_unique_prompts(outcomes: Sequence[RowOutcome]) -> GateResult:
+    hashes = [o.prompt_sha256 for o in outcomes]
     dupes = len(hashes) - len(set(hashes))
-    gates.append(GateResult(
+    return GateResult(
         name=FRESH_UNIQUE_PROMPTS, status=GateStatus.FAIL if dupes else GateStatus.PASS,
         count=_fraction(len(set(hashes)), len(hashes)),
         reason=f"{dupes} repeated prompts" if dupes else
         "every prompt unique, each sent once to a server started for this leg",
-        evidence={"prompt_sha256": hashes}))
+        evidence={"prompt_sha256": hashes})
 
+
+def _single_active(outcomes: Sequence[RowOutcome]) -> GateResult:
     overlaps = [
         (a.row, b.row) for a, b in itertools.pairwise(outcomes) if b.t_send_ns < a.t_end_ns
     ]
-    gates.append(GateResult(
+    return GateResult(
         name=SINGLE_ACTIVE_GENERATION, status=GateStatus.FAIL if overlaps else GateStatus.PASS,
         reason=f"requests overlapped: {overlaps}" if overlaps else
         "each request was sent after the previous stream ended",
-        evidence={"overlaps": overlaps}))
+        evidence={"overlaps": overlaps})
 
-    evidence: dict[str, Any] = {"first_request_row": rows_requested[0] if rows_requested else None}
+
+def _no_warmup(rows_requested: Sequence[int], n_requests: int,
+               metrics_before: Mapping[str, float] | None, server_log: str,
+               generation_counters: Sequence[str], generation_line: re.Pattern[str] | None
+               ) -> GateResult:
+    """Row 0 came first, the engine's generation counters were 0 before it, and its log
+    shows no more generation requests than the harness sent."""
+    evidence: _NoWarmupEvidence = {
+        "first_request_row": rows_requested[0] if rows_requested else None}
     problems = []
     if rows_requested and rows_requested[0] != 0:
         problems.append(f"the first request was row {rows_requested[0]}, not row 0")
@@ -558,30 +633,33 @@ def request_log_gates(
             problems.append(f"the server had generated before row 0: {served}")
     logged = len(generation_line.findall(server_log)) if generation_line is not None else None
     evidence["generation_requests_in_server_log"] = logged
-    if logged is not None and logged > len(requests):
+    if logged is not None and logged > n_requests:
         problems.append(f"the server log shows {logged} generation requests, the harness sent "
-                        f"{len(requests)}")
-    gates.append(GateResult(
+                        f"{n_requests}")
+    return GateResult(
         name=NO_WARMUP_GENERATION, status=GateStatus.FAIL if problems else GateStatus.PASS,
         reason="; ".join(problems) or "the first request the server received was row 0"
         + (" (its generation counters were 0 before it)" if "server_counters_before_suite"
            in evidence else ""),
-        evidence=evidence))
+        evidence=dict(evidence))
 
+
+def _one_suite_invocation(rows_requested: list[int], planned_rows: int) -> GateResult:
     in_order = rows_requested == list(range(len(rows_requested)))
-    gates.append(GateResult(
+    return GateResult(
         name=ONE_SUITE_INVOCATION, status=GateStatus.PASS if in_order else GateStatus.FAIL,
         count=str(1 if in_order else 0),
         reason="rows requested once each, in suite order" if in_order else
         f"rows requested out of order or repeated: {rows_requested}",
-        evidence={"rows_requested": rows_requested, "rows_planned": planned_rows}))
+        evidence={"rows_requested": rows_requested, "rows_planned": planned_rows})
 
+
+def _zero_retries(rows_requested: Sequence[int]) -> GateResult:
     retries = len(rows_requested) - len(set(rows_requested))
-    gates.append(GateResult(
+    return GateResult(
         name=ZERO_RETRIES, status=GateStatus.FAIL if retries else GateStatus.PASS,
         count=str(retries), reason=f"{retries} rows were requested again" if retries
-        else "no row was requested twice", evidence={}))
-    return gates
+        else "no row was requested twice", evidence={})
 
 
 def first_valid_score(attempt: int, earlier: Sequence[str | None] = ()) -> GateResult:
@@ -593,7 +671,7 @@ def first_valid_score(attempt: int, earlier: Sequence[str | None] = ()) -> GateR
         return GateResult(name=FIRST_VALID_SCORE, status=GateStatus.PASS,
                           reason="this leg's first and only run is the reported one",
                           evidence={"attempts": 1})
-    evidence: dict[str, Any] = {"attempts": attempt, "earlier": list(earlier)}
+    evidence: _AttemptsEvidence = {"attempts": attempt, "earlier": list(earlier)}
     scored = [i + 1 for i, status in enumerate(earlier) if status == "complete"]
     if len(earlier) != attempt - 1:
         reason = f"attempt {attempt}, but {len(earlier)} earlier attempts are in the evidence"
@@ -601,11 +679,11 @@ def first_valid_score(attempt: int, earlier: Sequence[str | None] = ()) -> GateR
         reason = (f"attempt {scored[0]} of this leg completed before this one: its score "
                   "was replaced")
     else:
-        return GateResult(name=FIRST_VALID_SCORE, status=GateStatus.PASS, evidence=evidence,
+        return GateResult(name=FIRST_VALID_SCORE, status=GateStatus.PASS, evidence=dict(evidence),
                           reason=f"attempt {attempt} is the first to complete: the "
                           f"{attempt - 1} before it were interrupted")
     return GateResult(name=FIRST_VALID_SCORE, status=GateStatus.FAIL, reason=reason,
-                      evidence=evidence)
+                      evidence=dict(evidence))
 
 
 def cleanup_gate(passed: bool | None, surviving: int | None, port_open: bool | None) -> GateResult:
@@ -731,6 +809,7 @@ class GateSpec:
     since: int = 1
     revised: int = 0  # the version whose files it is checked differently from (0: never)
     scope: Literal["leg", "experiment"] = "leg"
+    needs: Capability | None = None  # an engine lacking it explains the gate's "not tested"
 
 
 def _first_valid(ev: LegEvidence) -> GateResult:
@@ -767,7 +846,7 @@ def clocks_stable(outcomes: Sequence[RowOutcome], samples: Sequence[Mapping[str,
         if window[0] <= sample.get("t_ns", -1) <= window[1]:
             for d in sample.get("devices") or ():
                 devices.setdefault(f"{d.get('backend')}:{d.get('index')}", []).append(d)
-    per_device: dict[str, dict[str, Any]] = {}
+    per_device: dict[str, _DeviceClocks] = {}
     problems: list[str] = []
     failed: set[str] = set()
     for key, readings in devices.items():
@@ -790,20 +869,20 @@ def clocks_stable(outcomes: Sequence[RowOutcome], samples: Sequence[Mapping[str,
         if drop > CLOCK_DROP_MAX_PCT:
             problems.append(f"{key}'s SM clock fell {drop:g} % ({max(clocks):g} to "
                             f"{min(clocks):g} MHz), more than {CLOCK_DROP_MAX_PCT:g} %")
-    evidence: dict[str, Any] = {"drop_max_pct": CLOCK_DROP_MAX_PCT, "devices": per_device}
+    evidence: _ClocksEvidence = {"drop_max_pct": CLOCK_DROP_MAX_PCT, "devices": per_device}
     if not per_device:
         return GateResult(name=name, status=GateStatus.NOT_TESTED, required=False,
-                          evidence=evidence, reason="no accelerator clock was sampled while "
+                          evidence=dict(evidence), reason="no accelerator clock was sampled while "
                           "rows streamed (CPU only, telemetry off, or a probe without clocks)")
     count = _fraction(len(per_device) - len(failed), len(per_device))
     if problems:
         return GateResult(name=name, status=GateStatus.FAIL, count=count, required=False,
-                          evidence=evidence, reason="; ".join(problems))
+                          evidence=dict(evidence), reason="; ".join(problems))
     unknown = [k for k, v in per_device.items() if v["throttle_reasons"] is None]
     note = (f"; {', '.join(unknown)} report{'s' if len(unknown) == 1 else ''} no throttle "
             "reasons, so only the clock was checked") if unknown else ""
     return GateResult(name=name, status=GateStatus.PASS, count=count, required=False,
-                      evidence=evidence,
+                      evidence=dict(evidence),
                       reason=f"no throttle reason and SM clocks within {CLOCK_DROP_MAX_PCT:g} "
                       f"% of their highest while rows streamed{note}")
 
@@ -816,7 +895,8 @@ GATES: Final[tuple[GateSpec, ...]] = (
              "no prompt token came from a cache: 0 cached tokens per row, "
              "and the engine's prefix-cache hit counter did not move", True,
              lambda ev: cached_tokens_zero(ev.outcomes, ev.prefix_cache_hits,
-                                           ev.prefix_cache_queries, hint=ev.cached_tokens_hint)),
+                                           ev.prefix_cache_queries, hint=ev.cached_tokens_hint),
+             needs=Capability.PREFIX_CACHE_COUNTER),
     GateSpec(FULL_OUTPUT_THEN_NEXT, "full then next",
              "the row after one that used its whole token budget is still exact", False,
              lambda ev: full_output_then_next(ev.outcomes, ev.exact)),

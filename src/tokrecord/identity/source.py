@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import IO, Literal
@@ -273,66 +274,12 @@ def source_identity(
     dirty_paths = _dirty_paths(top)
     dirty = bool(dirty_paths)
 
-    base_commit: str | None = None
-    is_ancestor: bool | None = None
-    ahead: int | None = None
-    if public_base is not None:
-        try:
-            base_commit = _run_git(
-                top, ["rev-parse", "--verify", "--end-of-options", f"{public_base}^{{commit}}"]
-            ).strip()
-        except ConfigError as exc:
-            raise ConfigError(
-                f"public base {public_base!r} of source {name!r} is not a commit in {top} "
-                f"(fetch it first?): {exc}"
-            ) from exc
-        # Not an ancestor is allowed (a rebased fork) but worth stating: the
-        # patch then also undoes base commits that HEAD lacks.
-        rc = _git(top, ["merge-base", "--is-ancestor", base_commit, head], ok=(0, 1)).returncode
-        is_ancestor = rc == 0
-        ahead = int(_run_git(top, ["rev-list", "--count", f"{base_commit}..{head}"]).strip())
-
-    bundle = patch = dirty_patch = None
-    omits: list[str] = []
+    base_commit, is_ancestor, ahead = (
+        _against_base(top, head, public_base, name) if public_base is not None
+        else (None, None, None))
+    written = _Written()
     if out_dir is not None:
-        names: list[str] = []
-        if base_commit is not None:
-            if ahead:
-                names.append(f"{name}.bundle")
-            names.append(f"{name}.patch")
-        if dirty:
-            names.append(f"{name}.dirty.patch")
-        handles = _open_exclusive(out_dir, names)
-        by_name = dict(zip(names, handles, strict=True))
-        try:
-            if (fh := by_name.get(f"{name}.bundle")) is not None:
-                # A bundle needs refs to carry; HEAD is one even when detached.
-                # `-` writes to stdout, i.e. into our exclusively created file
-                # (`git bundle create FILE` would replace an existing FILE).
-                refs = ["HEAD"] + ([f"refs/heads/{branch}"] if branch else [])
-                _git(top, ["bundle", "create", "-", f"^{base_commit}", *refs], stdout=fh)
-                fh.close()
-                _check_bundle_head(top, Path(fh.name), head)
-                bundle = _evidence(out_dir, fh)
-            if (fh := by_name.get(f"{name}.patch")) is not None:
-                assert base_commit is not None
-                # Resolved shas, not names: the patch must describe exactly the
-                # commit recorded above even if a branch moves meanwhile.
-                _git(top, ["diff", *_DIFF_OPTS, base_commit, head, "--"], stdout=fh)
-                fh.close()
-                patch = _evidence(out_dir, fh)
-            if (fh := by_name.get(f"{name}.dirty.patch")) is not None:
-                untracked, omits = _untracked(top)
-                _write_dirty_patch(top, head, fh, untracked)
-                fh.close()
-                dirty_patch = _evidence(out_dir, fh)
-            _check_head_unchanged(top, head)
-        except BaseException:
-            _discard(handles)
-            raise
-        finally:
-            for fh in handles:
-                fh.close()
+        written = _write_evidence(top, out_dir, name, head, branch, base_commit, ahead, dirty)
     else:
         _check_head_unchanged(top, head)
 
@@ -347,11 +294,88 @@ def source_identity(
         public_base_commit=base_commit,
         base_is_ancestor=is_ancestor,
         commits_since_base=ahead,
-        bundle=bundle,
-        patch=patch,
-        dirty_patch=dirty_patch,
-        dirty_patch_omits=tuple(omits),
+        bundle=written.bundle,
+        patch=written.patch,
+        dirty_patch=written.dirty_patch,
+        dirty_patch_omits=tuple(written.omits),
     )
+
+
+def _against_base(top: Path, head: str, public_base: str, name: str
+                  ) -> tuple[str, bool, int]:
+    """The public base's commit, whether it is an ancestor of HEAD, and how many commits
+    HEAD is ahead of it."""
+    try:
+        base_commit = _run_git(
+            top, ["rev-parse", "--verify", "--end-of-options", f"{public_base}^{{commit}}"]
+        ).strip()
+    except ConfigError as exc:
+        raise ConfigError(
+            f"public base {public_base!r} of source {name!r} is not a commit in {top} "
+            f"(fetch it first?): {exc}"
+        ) from exc
+    # Not an ancestor is allowed (a rebased fork) but worth stating: the
+    # patch then also undoes base commits that HEAD lacks.
+    rc = _git(top, ["merge-base", "--is-ancestor", base_commit, head], ok=(0, 1)).returncode
+    ahead = int(_run_git(top, ["rev-list", "--count", f"{base_commit}..{head}"]).strip())
+    return base_commit, rc == 0, ahead
+
+
+@dataclass(frozen=True)
+class _Written:
+    """The evidence files a source identity wrote (none without an out_dir)."""
+
+    bundle: EvidenceFile | None = None
+    patch: EvidenceFile | None = None
+    dirty_patch: EvidenceFile | None = None
+    omits: tuple[str, ...] = ()
+
+
+def _write_evidence(top: Path, out_dir: Path, name: str, head: str, branch: str | None,
+                    base_commit: str | None, ahead: int | None, dirty: bool) -> _Written:
+    """The bundle, patch and dirty patch (those that apply), each created exclusively;
+    all are discarded if any fails, or if HEAD moved meanwhile."""
+    names: list[str] = []
+    if base_commit is not None:
+        if ahead:
+            names.append(f"{name}.bundle")
+        names.append(f"{name}.patch")
+    if dirty:
+        names.append(f"{name}.dirty.patch")
+    handles = _open_exclusive(out_dir, names)
+    by_name = dict(zip(names, handles, strict=True))
+    bundle = patch = dirty_patch = None
+    omits: list[str] = []
+    try:
+        if (fh := by_name.get(f"{name}.bundle")) is not None:
+            # A bundle needs refs to carry; HEAD is one even when detached.
+            # `-` writes to stdout, i.e. into our exclusively created file
+            # (`git bundle create FILE` would replace an existing FILE).
+            refs = ["HEAD"] + ([f"refs/heads/{branch}"] if branch else [])
+            _git(top, ["bundle", "create", "-", f"^{base_commit}", *refs], stdout=fh)
+            fh.close()
+            _check_bundle_head(top, Path(fh.name), head)
+            bundle = _evidence(out_dir, fh)
+        if (fh := by_name.get(f"{name}.patch")) is not None:
+            assert base_commit is not None
+            # Resolved shas, not names: the patch must describe exactly the
+            # commit recorded above even if a branch moves meanwhile.
+            _git(top, ["diff", *_DIFF_OPTS, base_commit, head, "--"], stdout=fh)
+            fh.close()
+            patch = _evidence(out_dir, fh)
+        if (fh := by_name.get(f"{name}.dirty.patch")) is not None:
+            untracked, omits = _untracked(top)
+            _write_dirty_patch(top, head, fh, untracked)
+            fh.close()
+            dirty_patch = _evidence(out_dir, fh)
+        _check_head_unchanged(top, head)
+    except BaseException:
+        _discard(handles)
+        raise
+    finally:
+        for fh in handles:
+            fh.close()
+    return _Written(bundle, patch, dirty_patch, tuple(omits))
 
 
 def _check_head_unchanged(top: Path, head: str) -> None:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from enum import StrEnum
+from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
 NS_PER_S = 1_000_000_000
@@ -114,49 +116,65 @@ def row_metrics(t_send_ns: int, chunks: Sequence[Chunk]) -> RowMetrics:
     t_last_token = int(times[-1])
     ttft_ms = (t_first_token - t_send_ns) / 1e6
 
-    last = min(HEADLINE_LAST_TOKEN, n - 1)
     short = n - 1 < HEADLINE_LAST_TOKEN
     if short:
         flags.append("short")
-    rate_conv = rate_legacy = rate_chunk = None
-    max_k = None
-    bound = None
-    window_first: int | None = 1
-    window_last: int | None = last
-    if last < 1:
-        window_first = window_last = None
-        flags.append("no_window")
-    else:
-        a = _chunk_of_token(cumulative, 1)
-        b = _chunk_of_token(cumulative, last)
-        duration = int(times[b] - times[a])
-        intervals = last - 1
-        max_k = int(counts[a : b + 1].max())
-        if duration <= 0 or intervals == 0:
-            flags.append("zero_duration")
-        else:
-            rate_conv = intervals * NS_PER_S / duration
-            rate_legacy = (intervals + 1) * NS_PER_S / duration
-            rate_chunk = int(counts[a + 1 : b + 1].sum()) * NS_PER_S / duration
-            bound = 100.0 * (max_k - 1) / intervals
-
+    win = _headline_window(times, counts, cumulative, n, flags)
     full_after = None
     if n >= 2 and t_last_token > t_first_token:
         full_after = (n - 1) * NS_PER_S / (t_last_token - t_first_token)
     wall = n * NS_PER_S / (t_last_token - t_send_ns) if t_last_token > t_send_ns else None
-    median_gap = max_gap = None
-    if len(times) >= 2:
-        gaps = np.diff(times) / 1e6
-        median_gap, max_gap = float(np.median(gaps)), float(gaps.max())
-        if max_gap > max(STALL_MIN_MS, STALL_FACTOR * median_gap):
-            flags.append("stall")
+    median_gap, max_gap = _gaps(times, flags)
     return RowMetrics(
-        n_tokens=n, ttft_ms=ttft_ms, window_first=window_first, window_last=window_last,
-        short=short, rate_conventional=rate_conv, rate_legacy=rate_legacy,
-        rate_chunk_aware=rate_chunk, max_tokens_per_chunk_in_window=max_k,
-        quantisation_bound_pct=bound, tok_s_full_after_ttft=full_after, tok_s_wall_full=wall,
+        n_tokens=n, ttft_ms=ttft_ms, window_first=win.first, window_last=win.last,
+        short=short, rate_conventional=win.conventional, rate_legacy=win.legacy,
+        rate_chunk_aware=win.chunk_aware, max_tokens_per_chunk_in_window=win.max_k,
+        quantisation_bound_pct=win.bound, tok_s_full_after_ttft=full_after, tok_s_wall_full=wall,
         median_gap_ms=median_gap, max_gap_ms=max_gap, flags=tuple(flags),
     )
+
+
+class _Window(NamedTuple):
+    first: int | None
+    last: int | None
+    conventional: float | None = None
+    legacy: float | None = None
+    chunk_aware: float | None = None
+    max_k: int | None = None
+    bound: float | None = None
+
+
+def _headline_window(times: npt.NDArray[np.int64], counts: npt.NDArray[np.int64],
+                     cumulative: npt.NDArray[np.int64], n: int, flags: list[str]) -> _Window:
+    """The headline window (tokens 1..100, or 1..n-1) and its three rates; flags a row
+    with no window or no duration."""
+    last = min(HEADLINE_LAST_TOKEN, n - 1)
+    if last < 1:
+        flags.append("no_window")
+        return _Window(None, None)
+    a = _chunk_of_token(cumulative, 1)
+    b = _chunk_of_token(cumulative, last)
+    duration = int(times[b] - times[a])
+    intervals = last - 1
+    max_k = int(counts[a : b + 1].max())
+    if duration <= 0 or intervals == 0:
+        flags.append("zero_duration")
+        return _Window(1, last, max_k=max_k)
+    return _Window(1, last, conventional=intervals * NS_PER_S / duration,
+                   legacy=(intervals + 1) * NS_PER_S / duration,
+                   chunk_aware=int(counts[a + 1 : b + 1].sum()) * NS_PER_S / duration,
+                   max_k=max_k, bound=100.0 * (max_k - 1) / intervals)
+
+
+def _gaps(times: npt.NDArray[np.int64], flags: list[str]) -> tuple[float | None, float | None]:
+    """The median and longest gap between chunks (ms); flags a stall."""
+    if len(times) < 2:
+        return None, None
+    gaps = np.diff(times) / 1e6
+    median_gap, max_gap = float(np.median(gaps)), float(gaps.max())
+    if max_gap > max(STALL_MIN_MS, STALL_FACTOR * median_gap):
+        flags.append("stall")
+    return median_gap, max_gap
 
 
 class LegSummary(BaseModel):

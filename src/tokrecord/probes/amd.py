@@ -12,6 +12,8 @@ import re
 import shutil
 from typing import Any
 
+from tokrecord.jsontypes import JSONObject
+
 from .model import DeviceSample, ProbeError, run_tool
 
 _UNIT_BYTES = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3, "KIB": 1024, "MIB": 1024**2,
@@ -29,7 +31,7 @@ def _value(node: Any) -> tuple[float | None, str | None]:
     return None, None
 
 
-def _dig(entry: dict[str, Any], *path: str) -> Any:
+def _dig(entry: JSONObject, *path: str) -> Any:
     node: Any = entry
     for key in path:
         if not isinstance(node, dict):
@@ -45,7 +47,7 @@ def _bytes(node: Any) -> int | None:
     return int(v * _UNIT_BYTES.get((unit or "MB").upper(), 1024**2))
 
 
-def _first(entry: dict[str, Any], *paths: tuple[str, ...]) -> float | None:
+def _first(entry: JSONObject, *paths: tuple[str, ...]) -> float | None:
     for path in paths:
         v, _ = _value(_dig(entry, *path))
         if v is not None:
@@ -84,7 +86,7 @@ def parse_amd_smi(text: str, names: dict[int, str] | None = None) -> list[Device
 _CARD = re.compile(r"^card(\d+)$")
 
 
-def _rocm_num(card: dict[str, Any], *keys: str) -> float | None:
+def _rocm_num(card: JSONObject, *keys: str) -> float | None:
     for key in keys:
         raw = card.get(key)
         if raw is None:

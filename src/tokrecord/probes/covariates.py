@@ -21,6 +21,8 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tokrecord.jsontypes import JSONObject
+
 SCHEMA_COVARIATES: Final = "tokrecord.leg-covariates/v1"
 
 # Names a noise diagnostic can test, with what each means; units are in the names.
@@ -147,7 +149,7 @@ def from_telemetry_summary(telemetry: Mapping[str, Any] | None, *,
 _MAX_FILE_BYTES: Final = 64 * 2**20
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path) -> list[JSONObject]:
     if not path.is_file() or path.is_symlink() or path.stat().st_size > _MAX_FILE_BYTES:
         return []
     out = []
@@ -188,13 +190,13 @@ def covariates_from_run_dir(run_dir: Path) -> LegCovariates | None:
     first = rows[0].get("metrics") if rows and isinstance(rows[0], dict) else None
     ttft = first.get("ttft_ms") if isinstance(first, dict) else None
     ready = summary.get("ready_seconds")
-    kw: dict[str, Any] = {
-        "idle_before": _read_jsonl(run_dir / "idle-before.jsonl"),
-        "ready_s": float(ready) if isinstance(ready, (int, float)) else None,
-        "first_ttft_ms": float(ttft) if isinstance(ttft, (int, float)) else None,
-    }
+    idle = _read_jsonl(run_dir / "idle-before.jsonl")
+    ready_s = float(ready) if isinstance(ready, (int, float)) else None
+    first_ttft_ms = float(ttft) if isinstance(ttft, (int, float)) else None
     samples = _read_jsonl(run_dir / "telemetry.jsonl")
     if samples:
-        return leg_covariates(samples, window, **kw)
+        return leg_covariates(samples, window, idle_before=idle, ready_s=ready_s,
+                              first_ttft_ms=first_ttft_ms)
     tel = summary.get("telemetry")
-    return from_telemetry_summary(tel if isinstance(tel, dict) else None, **kw)
+    return from_telemetry_summary(tel if isinstance(tel, dict) else None, idle_before=idle,
+                                  ready_s=ready_s, first_ttft_ms=first_ttft_ms)

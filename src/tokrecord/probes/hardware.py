@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import platform
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from .model import Snapshot
 
@@ -33,7 +33,28 @@ def os_name() -> str:
         return f"{platform.system()} {platform.release()}"
 
 
-def describe(snap: Snapshot, *, cpu: str, os: str) -> dict[str, Any]:
+class AcceleratorJSON(TypedDict):
+    backend: str
+    index: int
+    name: str
+    mem_total_bytes: int | None
+
+
+class HardwareJSON(TypedDict):
+    """hardware.json: what the leg's probes saw (record.schema.Hardware reads it)."""
+
+    hw_class: str
+    gpu_name: str | None
+    gpu_count: int
+    vram_gb: float | None
+    cpu: str
+    cpu_count: int | None
+    ram_gb: float
+    os: str
+    accelerators: list[AcceleratorJSON]
+
+
+def describe(snap: Snapshot, *, cpu: str, os: str) -> HardwareJSON:
     """hw_class DISCRETE_GPU when an accelerator was probed, CPU_ONLY otherwise.
 
     UNIFIED (one memory pool for CPU and GPU) is not inferred: no probe here can

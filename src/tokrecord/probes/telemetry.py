@@ -32,6 +32,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from tokrecord.evidence import canonical_json
+from tokrecord.jsontypes import JSONObject
 
 from . import detect
 
@@ -307,7 +308,7 @@ class TelemetrySampler:
         return None
 
 
-def read_samples(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+def read_samples(path: Path) -> tuple[list[JSONObject], JSONObject | None]:
     """The samples of a telemetry.jsonl and its sampler's header (backends, notes).
 
     A last line cut short by a hard kill is dropped: every earlier line was

@@ -11,6 +11,8 @@ import json
 import shutil
 from typing import Any
 
+from tokrecord.jsontypes import JSONObject
+
 from .model import DeviceSample, ProbeError, run_tool
 
 MIB = 1024 * 1024
@@ -34,7 +36,7 @@ def parse_discovery(text: str) -> list[tuple[int, str, int | None]]:
     return out
 
 
-def _metric(entries: list[dict[str, Any]], kind: str) -> float | None:
+def _metric(entries: list[JSONObject], kind: str) -> float | None:
     for e in entries:
         if e.get("metrics_type") == kind and e.get("value") is not None:
             return float(e["value"])

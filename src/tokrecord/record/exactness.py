@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, NotRequired, TypedDict
 
 from tokrecord.evidence import canonical_json, canonical_sha256, layout
 from tokrecord.gates import (
@@ -34,7 +34,42 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def output_hashes(o: RowOutcome) -> dict[str, str | None]:
+class OutputHashes(TypedDict):
+    text_sha256: str
+    token_ids_sha256: str | None
+
+
+class TeacherRowCheck(OutputHashes):
+    row: int
+    row_id: str
+    exact: bool
+    compared_by: str | None
+    first_divergence: int | None
+    reason: str | None
+    why_text: NotRequired[str | None]  # v2
+    ids_compared: NotRequired[int]  # v2
+
+
+class TeacherLegCheck(TypedDict):
+    exact: str
+    complete: bool
+    rows: list[TeacherRowCheck]
+    by_token_ids: NotRequired[str]  # v2
+
+
+class TeacherDocument(TypedDict):
+    """all-vs-canonical-teacher.json (SCHEMA_TEACHER, or SCHEMA_TEACHER_V1 for rule 1)."""
+
+    schema: str
+    teacher_sha256: str | None
+    legs: dict[str, TeacherLegCheck]
+    passed: bool | None
+    reason: NotRequired[str]  # no teacher
+    teacher_suite: NotRequired[str]
+    teacher_rows: NotRequired[int]
+
+
+def output_hashes(o: RowOutcome) -> OutputHashes:
     """The row's text (UTF-8) and token ids (canonical JSON list) as sha256."""
     return {"text_sha256": _sha(o.text.encode("utf-8")),
             "token_ids_sha256": None if o.token_ids is None
@@ -71,7 +106,7 @@ def cross_leg_document(legs: Mapping[str, Sequence[RowOutcome]]) -> dict[str, An
 
 
 def teacher_document(legs: Mapping[str, Sequence[RowOutcome]], teacher: Teacher | None,
-                     rule: int = EXACTNESS_RULE) -> dict[str, Any]:
+                     rule: int = EXACTNESS_RULE) -> TeacherDocument:
     """Per leg and row, whether it matches the teacher and, where not, why; and how it
     was compared (rule 2: why by text, and the ids compared all the same)."""
     schema = SCHEMA_TEACHER if rule >= EXACTNESS_RULE else SCHEMA_TEACHER_V1
@@ -79,7 +114,7 @@ def teacher_document(legs: Mapping[str, Sequence[RowOutcome]], teacher: Teacher 
         return {"schema": schema, "teacher_sha256": None, "legs": {},
                 "passed": None, "reason": "no teacher: exactness was not tested"}
     by_row = {r.row: r for r in teacher.rows}
-    out: dict[str, Any] = {}
+    out: dict[str, TeacherLegCheck] = {}
     passed = True
     for name, outcomes in legs.items():
         rows = []
@@ -92,13 +127,15 @@ def teacher_document(legs: Mapping[str, Sequence[RowOutcome]], teacher: Teacher 
             ok = t is not None and d is None
             exact += ok
             by_ids += how is not None and how.mode == "token_ids"
-            row: dict[str, Any] = {
+            hashes = output_hashes(o)
+            row: TeacherRowCheck = {
                 "row": o.row, "row_id": o.row_id, "exact": ok,
                 "compared_by": None if how is None else how.mode,
                 "first_divergence": d.index if d is not None else None,
                 "reason": "row not in the teacher" if t is None
                 else d.reason if d is not None else None,
-                **output_hashes(o)}
+                "text_sha256": hashes["text_sha256"],
+                "token_ids_sha256": hashes["token_ids_sha256"]}
             if rule >= EXACTNESS_RULE:
                 row["why_text"] = how.why if how is not None else None
                 row["ids_compared"] = how.ids_checked if how is not None else 0

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from scipy import stats as sps
 
 from tokrecord.evidence.safe import excerpt
-from tokrecord.experiment.plan import Spending, abba_design, abba_pairs
+from tokrecord.experiment.plan import SequentialMethod, Spending, abba_design, abba_pairs
 from tokrecord.experiment.sequential import (
     ALPHA_FACTOR,
     method_of_text,
@@ -35,6 +35,7 @@ from tokrecord.experiment.sweep import (
     sweep_design,
 )
 from tokrecord.experiment.sweep_sequential import sweep_look_boundary
+from tokrecord.gates import CACHED_TOKENS_ZERO, ROLLOVER, TEACHER_EXACT
 
 REL_TOL = 1e-9
 _COUNT = re.compile(r"^(\d+)/(\d+)$")
@@ -189,7 +190,7 @@ def _lint_single(lint: _Linter) -> None:
         lint.problems.append(LintProblem(field="summary.tok_s_out_p10",
                                          message="p10 above the median", found=p10,
                                          expected=f"<= {median}"))
-    for key in ("teacher_exact", "cached_tokens_zero", "full512_output_then_next", "rollover"):
+    for key in (TEACHER_EXACT, CACHED_TOKENS_ZERO, "full512_output_then_next", ROLLOVER):
         lint.count(f"quality.{key}")
     lint.hexes("sha256")
 
@@ -562,20 +563,47 @@ def _lint_sequential(lint: _Linter, blocks: int) -> None:
     lint.equal("verdict", seq.get("verdict"), "the record's verdict is the stopping rule's")
     eq, conf, rconf = (_num(seq.get(k)) for k in ("equivalence_pct", "confidence",
                                                    "record_confidence"))
-    fractions = [_num(look.get("fraction")) for look in looks]
-    max_looks = seq.get("max_looks")
+    rule = _sequential_rule(lint, seq)
+    if rule is None:
+        return
+    zs, ts = _sequential_boundaries(seq, looks, conf, *rule)
+    for i, look in enumerate(looks):
+        _lint_look(lint, seq, i, look, len(looks), zs, ts, eq)
+    if rconf is not None and conf is not None and rconf < conf:
+        lint.problems.append(LintProblem(field="sequential.record_confidence",
+                                         message="the record's confidence is below the verdict's",
+                                         found=rconf, expected=conf))
+    where = seq.get("stopped_at")
+    if seq.get("stopped") is True and isinstance(where, str):
+        lint.equal("sequential.stopped_at", f"block {blocks}",
+                   "the run stopped after the blocks it ran")
+
+
+def _sequential_rule(lint: _Linter, seq: Mapping[str, Any]
+                     ) -> tuple[Spending, SequentialMethod] | None:
+    """The record's spending and method, or None (a problem said so) when unknown."""
     try:
         spending = Spending(str(seq.get("spending")))
     except ValueError:
         lint.problems.append(LintProblem(field="sequential.spending", message="unknown spending",
                                          found=seq.get("spending")))
-        return
+        return None
     method = method_of_text(seq.get("method"))
     if method is None:
         lint.problems.append(LintProblem(field="sequential.method",
                                          message="not a sequential method this tool knows",
                                          found=seq.get("method")))
-        return
+        return None
+    return spending, method
+
+
+def _sequential_boundaries(seq: Mapping[str, Any], looks: list[Any], conf: float | None,
+                           spending: Spending, method: SequentialMethod
+                           ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The z and t boundaries the preregistered spending gives the record's looks; empty
+    where the looks' fractions or df are not the plan's."""
+    fractions = [_num(look.get("fraction")) for look in looks]
+    max_looks = seq.get("max_looks")
     zs: tuple[float, ...] = ()
     ts: tuple[float, ...] = ()
     if conf is not None and isinstance(max_looks, int) and 0 < max_looks <= 50 and \
@@ -598,35 +626,32 @@ def _lint_sequential(lint: _Linter, blocks: int) -> None:
                 with contextlib.suppress(ValueError):
                     ts = t_boundaries(units, most, (df0 + 1) // first - 1,
                                       ALPHA_FACTOR[method] * (1 - conf) / 2, spending)
-    for i, look in enumerate(looks):
-        base = f"sequential.looks.{i}"
-        stop = look.get("action") == "stop"
-        if stop != (i == len(looks) - 1) and seq.get("stopped") is True:
-            lint.problems.append(LintProblem(field=f"{base}.action",
-                                             message="only the last look stops the run",
-                                             found=look.get("action")))
-        if zs and i < len(zs):
-            lint.close(f"{base}.z_boundary", zs[i], "the preregistered spending's boundary",
-                       rel_tol=1e-6)
-        if ts and i < len(ts) and math.isfinite(ts[i]):
-            lint.close(f"{base}.boundary", ts[i], "the preregistered spending's t boundary "
-                       "(sequential.t_boundaries)", rel_tol=1e-6)
-        lo, mid, hi = (_num(look.get(k)) for k in ("ci_low", "estimate_ratio", "ci_high"))
-        if lo is not None and mid is not None and hi is not None:
-            if not lo <= mid <= hi:
-                lint.problems.append(LintProblem(field=base, message="ratio outside its interval",
-                                                 found=[lo, mid, hi]))
-            elif eq is not None:
-                lint.equal(f"{base}.verdict", verdict(lo, hi, eq).value,
-                           "the look's verdict follows from its interval and the band")
-    if rconf is not None and conf is not None and rconf < conf:
-        lint.problems.append(LintProblem(field="sequential.record_confidence",
-                                         message="the record's confidence is below the verdict's",
-                                         found=rconf, expected=conf))
-    where = seq.get("stopped_at")
-    if seq.get("stopped") is True and isinstance(where, str):
-        lint.equal("sequential.stopped_at", f"block {blocks}",
-                   "the run stopped after the blocks it ran")
+    return zs, ts
+
+
+def _lint_look(lint: _Linter, seq: Mapping[str, Any], i: int, look: Mapping[str, Any],
+               n_looks: int, zs: tuple[float, ...], ts: tuple[float, ...],
+               eq: float | None) -> None:
+    base = f"sequential.looks.{i}"
+    stop = look.get("action") == "stop"
+    if stop != (i == n_looks - 1) and seq.get("stopped") is True:
+        lint.problems.append(LintProblem(field=f"{base}.action",
+                                         message="only the last look stops the run",
+                                         found=look.get("action")))
+    if zs and i < len(zs):
+        lint.close(f"{base}.z_boundary", zs[i], "the preregistered spending's boundary",
+                   rel_tol=1e-6)
+    if ts and i < len(ts) and math.isfinite(ts[i]):
+        lint.close(f"{base}.boundary", ts[i], "the preregistered spending's t boundary "
+                   "(sequential.t_boundaries)", rel_tol=1e-6)
+    lo, mid, hi = (_num(look.get(k)) for k in ("ci_low", "estimate_ratio", "ci_high"))
+    if lo is not None and mid is not None and hi is not None:
+        if not lo <= mid <= hi:
+            lint.problems.append(LintProblem(field=base, message="ratio outside its interval",
+                                             found=[lo, mid, hi]))
+        elif eq is not None:
+            lint.equal(f"{base}.verdict", verdict(lo, hi, eq).value,
+                       "the look's verdict follows from its interval and the band")
 
 
 def lint_record(record: Mapping[str, Any]) -> list[LintProblem]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from tokrecord.errors import ConfigError
+from tokrecord.gates import IDLE_AFTER, IDLE_BEFORE
 from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
 
 _V1_FORMS: Final = frozenset({SCHEMA_ABBA_V1, SCHEMA_SINGLE})  # written before the probes
@@ -74,7 +75,7 @@ _DESIGN_SECTIONS: Final = ADDED_WITH_SEQUENTIAL | ADDED_WITH_SWEEP
 # does not count their absence from a leg sealed earlier as a difference.
 ADDED_TO_LEG_FILES: Final = (
     ADDED_LATER | _AFTER_ABBA_V1 | ADDED_WITH_SEQUENTIAL | ADDED_WITH_SWEEP
-    | {"idle_before", "idle_after", "exactness", "model_release_manifest"}
+    | {IDLE_BEFORE, IDLE_AFTER, "exactness", "model_release_manifest"}
     # rows v2: the ids around held-back ones (a v1 row has no such key)
     | {"gapped_token_ids"}
     # issue 33: each leg's covariates

@@ -29,6 +29,8 @@ from pydantic import (
     model_validator,
 )
 
+from tokrecord.jsontypes import JSONObject
+
 SCHEMA_NAME: Final = "localmaxxing.speed-test/local-v1"
 KEY_PATTERN: Final = r"^bhk_[0-9a-fA-F]{40}$"
 
@@ -147,7 +149,7 @@ class SpeedTest(_Wire):
     outputSha256: Sha256Hex | None = None
     outputSample: OutputSample | None = None
     # The engine's own timing object, sent as JSON (what public verified runs send).
-    engineTimingsRaw: dict[str, Any] | None = None
+    engineTimingsRaw: JSONObject | None = None
 
     @model_validator(mode="after")
     def _one_more_metric(self) -> SpeedTest:
@@ -159,12 +161,12 @@ class SpeedTest(_Wire):
 
     @field_validator("engineTimingsRaw")
     @classmethod
-    def _timings_bounded(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _timings_bounded(cls, value: JSONObject | None) -> JSONObject | None:
         if value is not None and (size := timings_size(value)) > ENGINE_TIMINGS_MAX_BYTES:
             raise ValueError(f"is {size} bytes of JSON; at most {ENGINE_TIMINGS_MAX_BYTES}")
         return value
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self) -> JSONObject:
         """The JSON body to send: absent optional fields are left out, not sent as null."""
         return self.model_dump(mode="json", exclude_none=True)
 
@@ -210,6 +212,6 @@ def issues(payload: Any) -> list[str]:
     return []
 
 
-def json_schema() -> dict[str, Any]:
+def json_schema() -> JSONObject:
     """The local schema as JSON Schema (what the stand-in's openapi.json publishes)."""
     return SpeedTest.model_json_schema()

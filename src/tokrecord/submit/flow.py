@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NotRequired, TypedDict
 
 from tokrecord.evidence import canonical_json
 from tokrecord.evidence.seal import (
@@ -43,6 +43,7 @@ from tokrecord.evidence.seal import (
     write_addendum,
 )
 from tokrecord.identity import sha256_file
+from tokrecord.jsontypes import JSONObject
 from tokrecord.submit.facts import RecordFacts, SubmitError, Verifier, load_facts
 from tokrecord.submit.facts import verify_record as default_verify
 from tokrecord.submit.ledger import Ledger, normalise_url
@@ -52,7 +53,9 @@ from tokrecord.submit.target import (
     ApiKey,
     Built,
     Discovery,
+    DiscoveryJSON,
     Exchange,
+    ExchangeJSON,
     PayloadOptions,
     Sleep,
     Target,
@@ -214,20 +217,61 @@ def dry_run(record_dir: Path, target: Target, options: PayloadOptions, *, key: A
 # ---------------------------------------------------------------------------- send
 
 
+class VerificationJSON(TypedDict):
+    verified: bool
+    issues: list[str]
+
+
+class DryRunJSON(TypedDict):
+    exchange: ExchangeJSON
+    verification: VerificationJSON | None
+    allow_unverified: bool
+
+
+class Receipt(TypedDict):
+    """The submission-receipt addendum's payload (RECEIPT_SCHEMA)."""
+
+    schema: str
+    target: str
+    base_url: str
+    endpoint: str
+    record_manifest_sha256: str
+    queue_file: str
+    queue_sha256: str
+    queue: JSONObject  # the payload as sent (the service's wire form)
+    derivation: list[str]
+    warnings: list[str]
+    discovery: DiscoveryJSON
+    auth: str
+    dry_run: DryRunJSON
+    exchanges: list[ExchangeJSON]
+    sent_utc: str | None
+    accepted: bool
+    http_status: int | None
+    submission_id: str | None
+    status: str | None
+    verified_run: bool | None
+    verification_issues: list[Any]
+    rate_limit: dict[str, str]
+    retry_after_ms: list[Any]
+    response: Any  # the service's last answer, as it came
+    error: str | None
+
+
 @dataclass(frozen=True)
 class SendResult:
     prepared: Prepared
     discovery: Discovery
     exchanges: tuple[Exchange, ...]
     acceptance: Acceptance
-    receipt: dict[str, Any]
+    receipt: Receipt
     receipt_dir: Path
     verification: Verification | None = None  # the dry run's, just before the send
 
 
-def _addendum_receipts(record_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
+def _addendum_receipts(record_dir: Path) -> list[tuple[Path, JSONObject]]:
     root = addenda_dir(record_dir)
-    out: list[tuple[Path, dict[str, Any]]] = []
+    out: list[tuple[Path, JSONObject]] = []
     if not root.is_dir():
         return out
     for sub in sorted(root.iterdir()):
@@ -243,14 +287,15 @@ def _addendum_receipts(record_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def earlier_submission(record_dir: Path, record_sha256: str, target: Target,
-                       ledger: Ledger) -> dict[str, Any] | None:
+                       ledger: Ledger) -> JSONObject | None:
     """The accepted submission of this record to this service: from the ledger, else from a
     receipt addendum beside the record (the ledger of another machine leaves those)."""
     entry = ledger.submitted(record_sha256, target.name, target.base_url)
     return entry if entry is not None else _receipt_beside(record_dir, record_sha256, target)
 
 
-def _receipt_beside(record_dir: Path, record_sha256: str, target: Target) -> dict[str, Any] | None:
+def _receipt_beside(record_dir: Path, record_sha256: str, target: Target) -> JSONObject | None:
+    # A ledger entry's shape, as earlier_submission returns the ledger's own line.
     for path, receipt in _addendum_receipts(record_dir):
         if (receipt.get("accepted") is True and receipt.get("target") == target.name
                 and receipt.get("record_manifest_sha256") == record_sha256
@@ -265,7 +310,7 @@ def _retry_after_ms(exchanges: tuple[Exchange, ...]) -> list[Any]:
             if e.status == 429 and isinstance(e.body, dict)]
 
 
-def _verification_json(v: Verification | None) -> dict[str, Any] | None:
+def _verification_json(v: Verification | None) -> VerificationJSON | None:
     return None if v is None else {"verified": v.verified, "issues": list(v.issues)}
 
 
@@ -279,33 +324,14 @@ def send(record_dir: Path, target: Target, options: PayloadOptions, key: ApiKey,
     prepared = prepare(record_dir, target, options, queue=queue, verify=verify, notify=notify)
     facts = prepared.facts
     with ledger.locked():
-        earlier = earlier_submission(record_dir, facts.manifest_sha256, target, ledger)
-        if earlier is not None:
-            raise SubmitError(
-                f"this record (manifest sha256 {facts.manifest_sha256[:16]}…) was already submitted "
-                f"to {target.base_url}: id {earlier.get('submission_id')} at {earlier.get('utc')} "
-                f"(receipt {earlier.get('receipt')}); a record is submitted once — "
-                "use --check to compare the public row")
+        _refuse_resubmission(record_dir, facts, target, ledger)
         notify(f"asking {target.base_url} about itself (openapi.json, agent-context)")
         discovery = target.discover()
         if not discovery.reachable:
             raise SubmitError(f"{target.base_url} is not reachable ({'; '.join(discovery.notes)}); "
                               "nothing was sent")
-        dry = _remote_dry_run(target, prepared.body, key, discovery, sleep, bounds, notify)
-        verification = target.verification(dry) if dry.status in (200, 201) else None
-        if dry.status in (400, 401, 403, 422, 429) or dry.status is None:
-            raise SubmitError(f"the dry run before the send failed, nothing was sent: "
-                              f"{target.explain(dry, key)}")
-        if isinstance(dry.body, dict) and dry.body.get("valid") is False:
-            raise SubmitError("the service's dry run calls the payload invalid "
-                              f"({json.dumps(dry.body)[:400]}); nothing was sent")
-        if verification is not None and not verification.verified:
-            listed = "; ".join(verification.issues) or "no reason given"
-            if not allow_unverified:
-                raise SubmitError(f"the service's dry run calls this run unverified ({listed}); "
-                                  "nothing was sent — fix what it names, or send anyway with "
-                                  "--allow-unverified")
-            notify(f"sending an unverified run (--allow-unverified): {listed}")
+        dry, verification = _dry_run_before_send(target, prepared.body, key, discovery, sleep,
+                                                 bounds, notify, allow_unverified)
 
         def waiting(seconds: float) -> None:
             notify(f"rate limited (429): waiting {seconds:.3f} s as retryAfterMs asks")
@@ -319,36 +345,8 @@ def send(record_dir: Path, target: Target, options: PayloadOptions, key: ApiKey,
                               "is unknown — check the leaderboard before sending again")
         last = next(e for e in reversed(exchanges) if e.status is not None)
         acceptance = target.accept(last)
-        receipt: dict[str, Any] = {
-            "schema": RECEIPT_SCHEMA,
-            "target": target.name,
-            "base_url": target.base_url,
-            "endpoint": discovery.submit_path,
-            "record_manifest_sha256": facts.manifest_sha256,
-            "queue_file": prepared.queue_path.name,
-            "queue_sha256": prepared.queue_sha256,
-            "queue": prepared.built.payload,
-            "derivation": list(prepared.built.derivation),
-            "warnings": list(prepared.built.warnings),
-            "discovery": discovery.to_json(),
-            "auth": f"Bearer key from {key.source} (the key itself is never stored)",
-            "dry_run": {"exchange": dry.to_json(), "verification": _verification_json(verification),
-                        "allow_unverified": allow_unverified},
-            "exchanges": [e.to_json() for e in exchanges],
-            "sent_utc": exchanges[0].utc,
-            "accepted": acceptance.accepted,
-            "http_status": last.status,
-            "submission_id": acceptance.submission_id,
-            "status": acceptance.status,
-            "verified_run": acceptance.verified_run,
-            "verification_issues": acceptance.verification_issues,
-            "rate_limit": dict(acceptance.rate_limit),
-            "retry_after_ms": _retry_after_ms(exchanges),
-            "response": last.body,
-            "error": None if acceptance.accepted else target.explain(last, key),
-        }
-        # Last line of defence: nothing the service echoed may carry the key to disk.
-        receipt = json.loads(key.scrub(json.dumps(receipt)))
+        receipt = _receipt(target, prepared, discovery, key, dry, verification, allow_unverified,
+                           exchanges, last, acceptance)
         receipt_dir = write_addendum(record_dir, RECEIPT_KIND, receipt,
                                      signing_key or load_or_create_key())
         notify(f"receipt sealed: {receipt_dir}")
@@ -363,14 +361,94 @@ def send(record_dir: Path, target: Target, options: PayloadOptions, key: ApiKey,
     return SendResult(prepared, discovery, exchanges, acceptance, receipt, receipt_dir, verification)
 
 
+def _refuse_resubmission(record_dir: Path, facts: RecordFacts, target: Target,
+                         ledger: Ledger) -> None:
+    earlier = earlier_submission(record_dir, facts.manifest_sha256, target, ledger)
+    if earlier is not None:
+        raise SubmitError(
+            f"this record (manifest sha256 {facts.manifest_sha256[:16]}…) was already submitted "
+            f"to {target.base_url}: id {earlier.get('submission_id')} at {earlier.get('utc')} "
+            f"(receipt {earlier.get('receipt')}); a record is submitted once — "
+            "use --check to compare the public row")
+
+
+def _dry_run_before_send(target: Target, body: bytes, key: ApiKey, discovery: Discovery,
+                         sleep: Sleep, bounds: Bounds, notify: Notify, allow_unverified: bool
+                         ) -> tuple[Exchange, Verification | None]:
+    """The service's dry run just before the send: a failure, an invalid payload or (unless
+    allowed) an unverified run stops the send."""
+    dry = _remote_dry_run(target, body, key, discovery, sleep, bounds, notify)
+    verification = target.verification(dry) if dry.status in (200, 201) else None
+    if dry.status in (400, 401, 403, 422, 429) or dry.status is None:
+        raise SubmitError(f"the dry run before the send failed, nothing was sent: "
+                          f"{target.explain(dry, key)}")
+    if isinstance(dry.body, dict) and dry.body.get("valid") is False:
+        raise SubmitError("the service's dry run calls the payload invalid "
+                          f"({json.dumps(dry.body)[:400]}); nothing was sent")
+    if verification is not None and not verification.verified:
+        listed = "; ".join(verification.issues) or "no reason given"
+        if not allow_unverified:
+            raise SubmitError(f"the service's dry run calls this run unverified ({listed}); "
+                              "nothing was sent — fix what it names, or send anyway with "
+                              "--allow-unverified")
+        notify(f"sending an unverified run (--allow-unverified): {listed}")
+    return dry, verification
+
+
+def _receipt(target: Target, prepared: Prepared, discovery: Discovery, key: ApiKey,
+             dry: Exchange, verification: Verification | None, allow_unverified: bool,
+             exchanges: tuple[Exchange, ...], last: Exchange, acceptance: Acceptance
+             ) -> Receipt:
+    """The submission-receipt addendum: every response received, with what was sent."""
+    receipt: Receipt = {
+        "schema": RECEIPT_SCHEMA,
+        "target": target.name,
+        "base_url": target.base_url,
+        "endpoint": discovery.submit_path,
+        "record_manifest_sha256": prepared.facts.manifest_sha256,
+        "queue_file": prepared.queue_path.name,
+        "queue_sha256": prepared.queue_sha256,
+        "queue": prepared.built.payload,
+        "derivation": list(prepared.built.derivation),
+        "warnings": list(prepared.built.warnings),
+        "discovery": discovery.to_json(),
+        "auth": f"Bearer key from {key.source} (the key itself is never stored)",
+        "dry_run": {"exchange": dry.to_json(), "verification": _verification_json(verification),
+                    "allow_unverified": allow_unverified},
+        "exchanges": [e.to_json() for e in exchanges],
+        "sent_utc": exchanges[0].utc,
+        "accepted": acceptance.accepted,
+        "http_status": last.status,
+        "submission_id": acceptance.submission_id,
+        "status": acceptance.status,
+        "verified_run": acceptance.verified_run,
+        "verification_issues": acceptance.verification_issues,
+        "rate_limit": dict(acceptance.rate_limit),
+        "retry_after_ms": _retry_after_ms(exchanges),
+        "response": last.body,
+        "error": None if acceptance.accepted else target.explain(last, key),
+    }
+    # Last line of defence: nothing the service echoed may carry the key to disk.
+    scrubbed: Receipt = json.loads(key.scrub(json.dumps(receipt)))
+    return scrubbed
+
+
 # --------------------------------------------------------------------------- check
 
 
-def compare(sent: Any, public: Any, field: str = "") -> list[dict[str, Any]]:
+class FieldComparison(TypedDict):
+    field: str
+    sent: Any
+    public: Any
+    match: bool
+    missing: NotRequired[bool]  # the public row lacks the field
+
+
+def compare(sent: Any, public: Any, field: str = "") -> list[FieldComparison]:
     """One entry per leaf of what was sent: its value, the public row's, and whether they match
     (floats to 1e-9 relative; fields the row adds are not compared)."""
     if isinstance(sent, Mapping):
-        out: list[dict[str, Any]] = []
+        out: list[FieldComparison] = []
         for key in sorted(sent):
             sub = f"{field}.{key}" if field else str(key)
             if isinstance(public, Mapping) and key in public:
@@ -388,19 +466,44 @@ def compare(sent: Any, public: Any, field: str = "") -> list[dict[str, Any]]:
     return [{"field": field, "sent": sent, "public": public, "match": ok}]
 
 
+class CheckRecord(TypedDict):
+    """The submission-check addendum's payload (CHECK_SCHEMA)."""
+
+    schema: str
+    target: str
+    base_url: str
+    submission_id: str
+    record_manifest_sha256: str
+    receipt_addendum: str
+    receipt_manifest_sha256: str
+    observation: int
+    wait: bool
+    checked_utc: str | None
+    found: bool
+    match: bool
+    public_status: Any  # as the service said it
+    public_created_at: Any
+    fields_compared: int
+    mismatches: list[FieldComparison]
+    fields: list[FieldComparison]
+    exchange: ExchangeJSON
+    rate_limited: list[ExchangeJSON]
+    text: str
+
+
 @dataclass(frozen=True)
 class CheckResult:
     submission_id: str
     exchange: Exchange
     found: bool
     match: bool
-    fields: tuple[dict[str, Any], ...]
+    fields: tuple[FieldComparison, ...]
     public_status: Any
-    check: dict[str, Any]
+    check: CheckRecord
     check_dir: Path
 
     @property
-    def mismatches(self) -> list[dict[str, Any]]:
+    def mismatches(self) -> list[FieldComparison]:
         return [f for f in self.fields if not f["match"]]
 
 
@@ -435,7 +538,7 @@ class Checked:
         return self.observations[-1]
 
 
-def _load_receipt(path: Path) -> dict[str, Any]:
+def _load_receipt(path: Path) -> JSONObject:
     problems = verify_seal(path)
     if problems:
         first = "; ".join(f"{p.file}: {p.message}" for p in problems[:2])
@@ -476,7 +579,7 @@ def _observe(record_dir: Path, target: Target, facts: RecordFacts, receipt_dir: 
                    + ", ".join(f["field"] for f in mismatched)))
     else:
         text = f"public row {submission_id}: not found ({target.explain(exchange, None)})"
-    result: dict[str, Any] = {
+    result: CheckRecord = {
         "schema": CHECK_SCHEMA,
         "target": target.name,
         "base_url": target.base_url,

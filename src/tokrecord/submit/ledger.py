@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from tokrecord.evidence import canonical_json
 from tokrecord.evidence.seal import default_config_dir
+from tokrecord.jsontypes import JSONObject
 from tokrecord.submit.facts import SubmitError
 
 LEDGER_NAME: Final = "submissions.jsonl"
@@ -41,14 +42,14 @@ class Ledger:
     def default(cls) -> Ledger:
         return cls(default_config_dir() / LEDGER_NAME)
 
-    def entries(self) -> list[dict[str, Any]]:
+    def entries(self) -> list[JSONObject]:
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return []
         except OSError as exc:
             raise SubmitError(f"cannot read the submission ledger {self.path}: {exc.strerror}") from exc
-        out: list[dict[str, Any]] = []
+        out: list[JSONObject] = []
         for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
@@ -61,7 +62,7 @@ class Ledger:
                 out.append(entry)
         return out
 
-    def submitted(self, record_sha256: str, target: str, base_url: str) -> dict[str, Any] | None:
+    def submitted(self, record_sha256: str, target: str, base_url: str) -> JSONObject | None:
         """The latest accepted submission of this record to this service, if any."""
         found = None
         for entry in self.entries():

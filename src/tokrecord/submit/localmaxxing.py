@@ -24,7 +24,8 @@ import hashlib
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from dataclasses import dataclass, field
+from typing import Any, Final, NamedTuple
 from urllib.parse import quote, urlparse
 
 import httpx
@@ -37,6 +38,8 @@ from tokrecord.evidence.redact import is_secret_env, redact_argv
 from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.gates import SINGLE_ACTIVE_GENERATION
 from tokrecord.identity import SourceIdentity
+from tokrecord.identity.model import ModelIdentity
+from tokrecord.jsontypes import JSONObject
 from tokrecord.record.schema import (
     AbbaRecord,
     AnyRecord,
@@ -103,11 +106,11 @@ def quantization_from_argv(argv: Sequence[str]) -> tuple[str | None, str]:
     return facts.quantization, facts.quantization_source
 
 
-def _speculative(config: SpeculativeConfig | None) -> tuple[dict[str, Any], list[str]]:
+def _speculative(config: SpeculativeConfig | None) -> tuple[JSONObject, list[str]]:
     """The payload's speculative flags, from the engine adapter's reading of the argv."""
     if config is None:
         return {"specDecoding": False}, []
-    out: dict[str, Any] = {"specDecoding": True}
+    out: JSONObject = {"specDecoding": True}
     if config.method != "unknown":
         out["specMethod"] = config.method
     if config.num_speculative_tokens is not None:
@@ -138,13 +141,13 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def _hardware(record: AnyRecord) -> dict[str, Any]:
+def _hardware(record: AnyRecord) -> JSONObject:
     hw = record.hardware
     if hw is None:
         raise SubmitError("record.json has no hardware section (it predates the hardware probes); "
                           "LocalMaxxing needs the hardware a record was measured on, and tokrecord "
                           "takes it only from the record's own probes — re-run the experiment")
-    out: dict[str, Any] = {"hwClass": hw.hw_class, "cpu": hw.cpu, "ramGb": hw.ram_gb, "os": hw.os}
+    out: JSONObject = {"hwClass": hw.hw_class, "cpu": hw.cpu, "ramGb": hw.ram_gb, "os": hw.os}
     if hw.hw_class == "DISCRETE_GPU":
         out.update(gpuName=hw.gpu_name, gpuCount=hw.gpu_count, vramGb=hw.vram_gb)
     elif hw.hw_class == "UNIFIED" and hw.gpu_name:
@@ -267,6 +270,16 @@ def notes_text(facts: RecordFacts, out_sha: str | None) -> str:
     return " ".join(parts)
 
 
+@dataclass
+class _Derived:
+    """Where each payload field came from, what a reader should know, and the inputs the
+    record cannot supply (named together, in one message)."""
+
+    derivation: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+
 def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
     """The LocalMaxxing payload of a verified record, with the source of every field."""
     if not facts.leg_valid:
@@ -274,65 +287,115 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
                           "gate was not tested); a speed claim is submitted only from a valid leg")
     if facts.headline_tok_s is None:
         raise SubmitError(f"the headline leg {facts.leg} has no headline rate")
-    derivation: list[str] = []
-    warnings: list[str] = []
-
+    notes = _Derived()
     weights = facts.identity.model if facts.identity else None
-    # Every input the record cannot supply is named in one message, not one per run.
-    missing: list[str] = []
+    hf_id, revision = _model_fields(weights, options, notes)
+    hardware = _hardware(facts.record)
+    notes.derivation.append("hardware: record.json hardware (the record's probes)")
+    engine, version, commit = _engine_fields(facts, options, notes)
+    launch = launch_facts(facts.server_argv, facts.server_env)
+    quant = _quantization(launch, weights, options, notes)
+    if notes.missing:
+        raise SubmitError(f"{len(notes.missing)} input{'s' if len(notes.missing) > 1 else ''} the "
+                          "record cannot supply; give:\n  " + "\n  ".join(notes.missing))
+    single = _single_active(facts.record)
+    flags = _engine_flags(facts, launch, single, notes)
+    out_sha = _output_hash(facts, notes)
+    extra = _verified_fields(facts, engine, notes)
+    payload: JSONObject = {  # the service's wire form, checked by contract.SpeedTest
+        "hfId": hf_id,
+        "modelRevision": revision,
+        "hardware": hardware,
+        "engineName": engine,
+        "engineVersion": version,
+        "engineRepository": extra.engine_repository,
+        "engineBuild": extra.engine_build,
+        "engineCommit": commit,
+        "quantization": quant,
+        "backend": _backend(facts.record.hardware),
+        "tokSOut": facts.headline_tok_s,
+        "ttftMs": facts.ttft_ms,
+        "peakVramGb": extra.peak_vram_gb,
+        "promptTokens": median_low(facts.prompt_tokens),
+        "outputTokens": median_low(facts.output_tokens),
+        "contextLength": launch.context_length,
+        "batchSize": 1 if single else None,
+        "engineFlags": flags,
+        "promptSha256": prompt_sha256(facts),
+        "promptSample": extra.prompt_sample,
+        "outputSha256": out_sha,
+        "outputSample": extra.output_sample,
+        "engineTimingsRaw": extra.engine_timings_raw,
+        "notes": notes_text(facts, out_sha),
+    }
+    notes.derivation += _figure_sources(facts, payload, flags)
+    return _validated(payload, notes)
+
+
+def _model_fields(weights: ModelIdentity | None, options: PayloadOptions, notes: _Derived
+                  ) -> tuple[str | None, str | None]:
+    """hfId and modelRevision: what the record's model identity knows, else the options."""
     hf_id, why = _model_field(weights.hf_id if weights else None, "hf_id", options.hf_id, "--hf-id")
     if hf_id is None:
-        missing.append("--hf-id ORG/NAME: the model's upstream Hugging Face repo (the record's "
-                       "model is not a Hugging Face snapshot; tokrecord never invents one; "
-                       "add --model-revision when known)")
-    derivation.append(f"hfId: {why}")
+        notes.missing.append("--hf-id ORG/NAME: the model's upstream Hugging Face repo (the "
+                             "record's model is not a Hugging Face snapshot; tokrecord never "
+                             "invents one; add --model-revision when known)")
+    notes.derivation.append(f"hfId: {why}")
     revision, why = _model_field(weights.revision if weights else None, "revision",
                                  options.model_revision, "--model-revision")
-    derivation.append(f"modelRevision: {why}")
+    notes.derivation.append(f"modelRevision: {why}")
+    return hf_id, revision
 
-    hardware = _hardware(facts.record)
-    derivation.append("hardware: record.json hardware (the record's probes)")
 
-    argv = facts.server_argv
-    detected = detect_engine(argv)
+def _engine_fields(facts: RecordFacts, options: PayloadOptions, notes: _Derived
+                   ) -> tuple[str, str | None, str | None]:
+    """engineName (the argv's, else --engine-name), its version and its commit."""
+    detected = detect_engine(facts.server_argv)
     if detected and options.engine_name and options.engine_name != detected:
         raise SubmitError(f"the server argv runs {detected}; --engine-name {options.engine_name!r} "
                           "contradicts it")
     engine = detected or options.engine_name
     if engine is None:
-        missing.append("--engine-name: the server argv does not say which engine it runs "
-                       f"(one of {', '.join(sorted(contract.KNOWN_ENGINES))})")
+        notes.missing.append("--engine-name: the server argv does not say which engine it runs "
+                             f"(one of {', '.join(sorted(contract.KNOWN_ENGINES))})")
         engine = "unknown"
-    derivation.append(f"engineName: {'the server argv' if detected else '--engine-name'}")
+    notes.derivation.append(f"engineName: {'the server argv' if detected else '--engine-name'}")
     if engine not in contract.KNOWN_ENGINES:
-        warnings.append(f"engine {engine!r} is not among the engine names LocalMaxxing lists; "
-                        "the service may refuse it")
+        notes.warnings.append(f"engine {engine!r} is not among the engine names LocalMaxxing "
+                              "lists; the service may refuse it")
     version, why = _engine_version(facts, engine)
-    derivation.append(f"engineVersion: {why}")
+    notes.derivation.append(f"engineVersion: {why}")
     commit, why, warn = _engine_commit(facts, engine)
-    derivation.append(f"engineCommit: {why}")
-    warnings += warn
+    notes.derivation.append(f"engineCommit: {why}")
+    notes.warnings += warn
+    return engine, version, commit
 
-    launch = launch_facts(argv, facts.server_env)
+
+def _quantization(launch: LaunchFacts, weights: ModelIdentity | None, options: PayloadOptions,
+                  notes: _Derived) -> str | None:
+    """--quantization, else the server argv's, else the model files'."""
     quant, why = launch.quantization, launch.quantization_source
     if options.quantization:
-        derivation.append(f"quantization: --quantization (the server argv says: {why})")
-        quant = options.quantization
-    elif quant is None:
-        quant, from_model = model_quantization(weights)
-        if quant is None:
-            missing.append(f"--quantization: neither the server argv ({why}) nor the model "
-                           f"({from_model}) says (e.g. fp16, bf16, fp8, AWQ, Q4_K_M)")
-        else:
-            derivation.append(f"quantization: {from_model}")
+        notes.derivation.append(f"quantization: --quantization (the server argv says: {why})")
+        return options.quantization
+    if quant is not None:
+        notes.derivation.append(f"quantization: the server argv, {why}")
+        return quant
+    quant, from_model = model_quantization(weights)
+    if quant is None:
+        notes.missing.append(f"--quantization: neither the server argv ({why}) nor the model "
+                             f"({from_model}) says (e.g. fp16, bf16, fp8, AWQ, Q4_K_M)")
     else:
-        derivation.append(f"quantization: the server argv, {why}")
-    if missing:
-        raise SubmitError(f"{len(missing)} input{'s' if len(missing) > 1 else ''} the record "
-                          "cannot supply; give:\n  " + "\n  ".join(missing))
+        notes.derivation.append(f"quantization: {from_model}")
+    return quant
 
+
+def _engine_flags(facts: RecordFacts, launch: LaunchFacts, single: bool,
+                  notes: _Derived) -> JSONObject:
+    """engineFlags: the adapter's reading of the argv, the engine's speculative counters,
+    the request's temperature and the command itself."""
     flags, flag_notes = _speculative(launch.speculative)
-    warnings += flag_notes
+    notes.warnings += flag_notes
     if flags.get("specDecoding"):
         if facts.draft_tokens is not None:
             flags["specDraftTokens"] = facts.draft_tokens
@@ -343,24 +406,28 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
         if facts.emitted_tokens_per_draft_cycle is not None:
             flags["specMeanAcceptedLength"] = facts.emitted_tokens_per_draft_cycle
         if facts.draft_tokens is None or facts.accepted_draft_tokens is None:
-            warnings.append(f"speculative decoding is on, but leg {facts.leg} has no engine counter of "
-                            "draft and accepted tokens: specDraftTokens/specAcceptedTokens left out")
+            notes.warnings.append(f"speculative decoding is on, but leg {facts.leg} has no engine "
+                                  "counter of draft and accepted tokens: "
+                                  "specDraftTokens/specAcceptedTokens left out")
     if launch.tensor_parallel is not None:
         flags["tensorParallel"] = launch.tensor_parallel
     if launch.prefix_caching is not None:
         flags["prefixCaching"] = launch.prefix_caching
     if launch.kv_cache_dtype is not None:
         flags["kvCacheDtype"] = launch.kv_cache_dtype
-    single = _single_active(facts.record)
     if single:
         flags["concurrency"] = 1
     flags["temperature"] = float(facts.request_extra.get("temperature", 0))
-    snippet, snippet_notes = command_snippet(argv, facts.server_env)
+    snippet, snippet_notes = command_snippet(facts.server_argv, facts.server_env)
     flags["commandSnippet"] = snippet
-    warnings += snippet_notes
-    derivation.append(f"engineFlags: leg {facts.leg}'s server argv and env (config.json), engine "
-                      "counters for the acceptance figures, the request's temperature")
+    notes.warnings += snippet_notes
+    notes.derivation.append(f"engineFlags: leg {facts.leg}'s server argv and env (config.json), "
+                            "engine counters for the acceptance figures, the request's temperature")
+    return flags
 
+
+def _output_hash(facts: RecordFacts, notes: _Derived) -> str | None:
+    """outputSha256, or why it is left out."""
     out_sha = output_sha256(facts)
     if out_sha is None:
         count = facts.teacher_exact_count
@@ -373,51 +440,45 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
                "ids, so there is no token-id array to hash" if all_exact else
                f"not every row was token-exact against a teacher (teacher_exact: "
                f"{count or 'not tested'})")
-        warnings.append(f"outputSha256 left out for leg {facts.leg}: {why}")
+        notes.warnings.append(f"outputSha256 left out for leg {facts.leg}: {why}")
+    return out_sha
+
+
+class _Verified(NamedTuple):
+    engine_repository: str | None
+    engine_build: str | None
+    prompt_sample: str | None
+    output_sample: str | None
+    engine_timings_raw: Mapping[str, Any] | None
+    peak_vram_gb: float | None
+
+
+def _verified_fields(facts: RecordFacts, engine: str, notes: _Derived) -> _Verified:
+    """The fields the verified-run badge asks for (submit.verified), by payload name."""
     repository, why = verified.engine_repository(facts, engine)
-    derivation.append(why)
+    notes.derivation.append(why)
     build, why = verified.engine_build(facts, engine, _engine_packages(engine))
-    derivation.append(why)
+    notes.derivation.append(why)
     p_sample, why = verified.prompt_sample(facts)
-    derivation.append(why)
+    notes.derivation.append(why)
     o_sample, why = verified.output_sample(facts)
-    derivation.append(why)
+    notes.derivation.append(why)
     timings, why = verified.engine_timings_raw(facts)
-    derivation.append(why)
+    notes.derivation.append(why)
     if timings is None:
-        warnings.append(why.removeprefix("engineTimingsRaw: left out ").strip("()")
-                        + ": engineTimingsRaw left out, which the verified-run badge asks for")
+        notes.warnings.append(why.removeprefix("engineTimingsRaw: left out ").strip("()")
+                              + ": engineTimingsRaw left out, which the verified-run badge asks for")
     vram = verified.peak_vram_gb(facts.telemetry)
-    derivation.append(f"peakVramGb: leg {facts.leg}'s telemetry, the sum over accelerators of each "
-                      "one's highest memory use in the suite window" if vram is not None else
-                      "peakVramGb: left out (no accelerator memory in the leg's telemetry)")
-    payload: dict[str, Any] = {
-        "hfId": hf_id,
-        "modelRevision": revision,
-        "hardware": hardware,
-        "engineName": engine,
-        "engineVersion": version,
-        "engineRepository": repository,
-        "engineBuild": build,
-        "engineCommit": commit,
-        "quantization": quant,
-        "backend": _backend(facts.record.hardware),
-        "tokSOut": facts.headline_tok_s,
-        "ttftMs": facts.ttft_ms,
-        "peakVramGb": vram,
-        "promptTokens": median_low(facts.prompt_tokens),
-        "outputTokens": median_low(facts.output_tokens),
-        "contextLength": launch.context_length,
-        "batchSize": 1 if single else None,
-        "engineFlags": flags,
-        "promptSha256": prompt_sha256(facts),
-        "promptSample": p_sample,
-        "outputSha256": out_sha,
-        "outputSample": o_sample,
-        "engineTimingsRaw": timings,
-        "notes": notes_text(facts, out_sha),
-    }
-    derivation += [
+    notes.derivation.append(
+        f"peakVramGb: leg {facts.leg}'s telemetry, the sum over accelerators of each one's "
+        "highest memory use in the suite window" if vram is not None else
+        "peakVramGb: left out (no accelerator memory in the leg's telemetry)")
+    return _Verified(repository, build, p_sample, o_sample, timings, vram)
+
+
+def _figure_sources(facts: RecordFacts, payload: Mapping[str, Any],
+                    flags: Mapping[str, Any]) -> list[str]:
+    return [
         f"tokSOut: metric_accounting.published_value_tok_s ({facts.convention} convention, leg {facts.leg})",
         f"ttftMs: leg {facts.leg} ttft median",
         f"promptTokens/outputTokens: leg {facts.leg} rows.json, lower median over rows",
@@ -429,12 +490,16 @@ def build_payload(facts: RecordFacts, options: PayloadOptions) -> Built:
         "concurrency: 1, from the single_active_generation gate" if flags.get("concurrency") else
         "concurrency: left out (single active generation not proven)",
     ]
+
+
+def _validated(payload: Mapping[str, Any], notes: _Derived) -> Built:
     try:
         model = contract.SpeedTest.model_validate({k: v for k, v in payload.items() if v is not None})
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise SubmitError(f"the record does not make a valid LocalMaxxing payload: {problems}") from exc
-    return Built(payload=model.wire(), derivation=tuple(derivation), warnings=tuple(warnings))
+    return Built(payload=model.wire(), derivation=tuple(notes.derivation),
+                 warnings=tuple(notes.warnings))
 
 
 # --------------------------------------------------------------------------- HTTP

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence.layout import PRIOR_CHECK
 from tokrecord.experiment.plan import Plan
 from tokrecord.experiment.prior_check import (
     PRIOR_CHECK_SCHEMA,
+    PriorObservation,
     load_prior_check,
     prior_record_fields,
     write_prior_check,
@@ -38,21 +39,22 @@ __all__ = ["PRIOR_CHECK", "judge", "load_prior_check", "prior_record_fields", "r
 REL_TOL: Final = 1e-9  # JSON carries a float exactly; this only forgives a last-digit rounding
 
 
-def _observation(plan: Plan, target: Target, **fields: Any) -> dict[str, Any]:
+def _observation(plan: Plan, target: Target, rechecked: bool) -> PriorObservation:
     return {"schema": PRIOR_CHECK_SCHEMA, "plan_sha256": plan.sha256, "target": target.name,
             "base_url": target.base_url, "prior_id": plan.prior.id,
-            "plan_value_tok_s": plan.prior.value_tok_s, **fields}
+            "plan_value_tok_s": plan.prior.value_tok_s, "rechecked": rechecked}
 
 
-def judge(plan: Plan, target: Target, exchange: Exchange) -> tuple[dict[str, Any], str | None]:
+def judge(plan: Plan, target: Target, exchange: Exchange) -> tuple[PriorObservation, str | None]:
     """The observation of one fetch of the prior's public row, and why it refuses the plan
     (None: it does not). Pure: the fetch is the caller's."""
     row = target.public_row(exchange)
-    obs = _observation(
-        plan, target, rechecked=True, checked_utc=exchange.utc, http_status=exchange.status,
-        found=row is not None, status=row.status if row else None,
-        tok_s_out=row.tok_s if row else None, created_at=row.created_at if row else None,
-        exchange=exchange.to_json())
+    obs = _observation(plan, target, rechecked=True)
+    obs["checked_utc"], obs["http_status"] = exchange.utc, exchange.status
+    obs["found"], obs["status"] = row is not None, row.status if row else None
+    obs["tok_s_out"] = row.tok_s if row else None
+    obs["created_at"] = row.created_at if row else None
+    obs["exchange"] = exchange.to_json()
     want = plan.prior.value_tok_s
     where = f"{target.base_url}'s public row {plan.prior.id}"
     if row is None:
@@ -69,7 +71,8 @@ def judge(plan: Plan, target: Target, exchange: Exchange) -> tuple[dict[str, Any
     return obs, why
 
 
-def recheck_prior(plan: Plan, exp_dir: Path, client: Target, offline: bool) -> dict[str, Any] | None:
+def recheck_prior(plan: Plan, exp_dir: Path, client: Target, offline: bool
+                  ) -> PriorObservation | None:
     """The observation of the plan's prior, made now (or read back on a resume); None when
     the plan names no prior id. Raises ConfigError when the prior refuses the plan. Writes
     nothing: ``write_prior_check`` does, once the experiment directory is preregistered."""
@@ -79,8 +82,9 @@ def recheck_prior(plan: Plan, exp_dir: Path, client: Target, offline: bool) -> d
     if existing is not None:
         return existing
     if offline:
-        return _observation(plan, client, rechecked=False,
-                            reason="not rechecked: tokrecord run --offline-prior")
+        offline_obs = _observation(plan, client, rechecked=False)
+        offline_obs["reason"] = "not rechecked: tokrecord run --offline-prior"
+        return offline_obs
     discovery = client.discover()
     if not discovery.reachable:
         raise ConfigError(

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from tokrecord.evidence.stamp import Stamp, utc_stamp
+from tokrecord.jsontypes import JSONObject
 from tokrecord.server.httpd import LocalHTTPServer
 from tokrecord.submit.contract import KEY_PATTERN, SpeedTest, issues
 
@@ -104,9 +105,9 @@ class StandinConfig:
         return APIS[self.api]
 
 
-def openapi_document(config: StandinConfig) -> dict[str, Any]:
+def openapi_document(config: StandinConfig) -> JSONObject:
     schema = SpeedTest.model_json_schema(ref_template="#/components/schemas/{model}")
-    schemas: dict[str, Any] = schema.pop("$defs", {})
+    schemas: JSONObject = schema.pop("$defs", {})
     schemas["SpeedTest"] = schema
     body = {"required": True,
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SpeedTest"}}}}
@@ -137,7 +138,7 @@ def openapi_document(config: StandinConfig) -> dict[str, Any]:
     }
 
 
-def agent_context(config: StandinConfig, url: str) -> dict[str, Any]:
+def agent_context(config: StandinConfig, url: str) -> JSONObject:
     return {
         "_meta": {
             "description": "tokrecord's local stand-in for the LocalMaxxing submission API",
@@ -153,7 +154,7 @@ def agent_context(config: StandinConfig, url: str) -> dict[str, Any]:
     }
 
 
-def verification_issues(payload: dict[str, Any], config: StandinConfig) -> list[str]:
+def verification_issues(payload: JSONObject, config: StandinConfig) -> list[str]:
     """Why a valid payload would not be a verified run (see the module docstring)."""
     out = [f"{name} missing" for name in ("promptSha256", "promptSample", "outputSha256",
                                           "outputSample", "engineTimingsRaw") if name not in payload]
@@ -174,7 +175,7 @@ def verification_issues(payload: dict[str, Any], config: StandinConfig) -> list[
     return out
 
 
-def load_rows(path: Path) -> dict[str, dict[str, Any]]:
+def load_rows(path: Path) -> dict[str, JSONObject]:
     """Rows to serve from the start (``--rows``): a JSON list of objects, each with an id."""
     data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, list) or not all(isinstance(r, dict) and r.get("id") for r in data):
@@ -195,7 +196,7 @@ class StandinServer(LocalHTTPServer):
 
     def __init__(self, config: StandinConfig) -> None:
         self.config = config
-        self.rows: dict[str, dict[str, Any]] = load_rows(config.rows) if config.rows else {}
+        self.rows: dict[str, JSONObject] = load_rows(config.rows) if config.rows else {}
         self.polls: collections.Counter[str] = collections.Counter()
         self.accepted: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
         self.lock = threading.Lock()
@@ -211,7 +212,7 @@ class StandinServer(LocalHTTPServer):
     def url(self) -> str:
         return f"http://{self.config.host}:{self.server_port}"
 
-    def log(self, entry: dict[str, Any]) -> None:
+    def log(self, entry: JSONObject) -> None:
         if self._log is None:
             return
         with self.lock:
@@ -244,7 +245,7 @@ class StandinServer(LocalHTTPServer):
             window.append(now)
             return True, 0.0, limit - len(window), window[0] + span
 
-    def poll(self, row_id: str) -> dict[str, Any] | None:
+    def poll(self, row_id: str) -> JSONObject | None:
         """A public row as one more GET sees it (the approval lifecycle moves on GETs)."""
         cfg = self.config
         with self.lock:

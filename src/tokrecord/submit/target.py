@@ -20,8 +20,9 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
+from tokrecord.jsontypes import JSONObject
 from tokrecord.submit.facts import RecordFacts, SubmitError
 
 Sleep = Callable[[float], None]
@@ -72,7 +73,7 @@ class PayloadOptions:
 class Built:
     """A payload and, per field, where it came from (kept in the receipt and printed)."""
 
-    payload: dict[str, Any]
+    payload: JSONObject
     derivation: tuple[str, ...]
     warnings: tuple[str, ...] = ()
 
@@ -90,10 +91,34 @@ class Exchange:
     error: str | None = None
     waited_s: float = 0.0  # slept before this request (429 retryAfterMs)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ExchangeJSON:
         return {"method": self.method, "url": self.url, "http_status": self.status,
                 "headers": dict(self.headers), "body": self.body, "utc": self.utc,
                 "error": self.error, "waited_s": self.waited_s}
+
+
+class ExchangeJSON(TypedDict):
+    """An HTTP exchange as evidence keeps it (the key scrubbed out of it first)."""
+
+    method: str
+    url: str
+    http_status: int | None
+    headers: dict[str, str]
+    body: Any  # the service's answer, as it came
+    utc: str
+    error: str | None
+    waited_s: float
+
+
+class DiscoveryJSON(TypedDict):
+    reachable: bool
+    submit_path: str
+    dry_run_path: str
+    notes: list[str]
+    openapi_sha256: str | None
+    agent_context_sha256: str | None
+    declared_fields: list[str] | None
+    required_fields: list[str] | None
 
 
 @dataclass(frozen=True)
@@ -110,7 +135,7 @@ class Discovery:
     declared_fields: tuple[str, ...] | None = None
     required_fields: tuple[str, ...] | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> DiscoveryJSON:
         return {"reachable": self.reachable, "submit_path": self.submit_path,
                 "dry_run_path": self.dry_run_path, "notes": list(self.notes),
                 "openapi_sha256": self.openapi_sha256,

@@ -29,6 +29,7 @@ from typing import Any, Final
 from tokrecord.engines import engine_for, infer_engine
 from tokrecord.evidence import canonical_json
 from tokrecord.identity import SourceIdentity
+from tokrecord.jsontypes import JSONObject
 from tokrecord.probes.telemetry import TelemetrySummary
 from tokrecord.submit import contract
 from tokrecord.submit.facts import RecordFacts, sha256_of_json
@@ -72,13 +73,13 @@ def _sums(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return dict(sorted(sums.items()))
 
 
-def engine_timings_raw(facts: RecordFacts) -> tuple[dict[str, Any] | None, str]:
+def engine_timings_raw(facts: RecordFacts) -> tuple[JSONObject | None, str]:
     t = facts.engine_timings
     if t is None:
         return None, (f"engineTimingsRaw: left out (the engine reported no timing of its own over "
                       f"leg {facts.leg}: no per-request timings in its stream, no timing "
                       "histograms on /metrics)")
-    base: dict[str, Any] = {"source": t.source, "leg": facts.leg}
+    base: JSONObject = {"source": t.source, "leg": facts.leg}
     if not t.rows:
         return {**base, "metrics": dict(t.metrics)}, f"engineTimingsRaw: {t.source}"
     rows = [{"row": row_id, "timings": dict(obj)} for row_id, obj in t.rows]

@@ -248,18 +248,9 @@ class _Handler(BaseHTTPRequestHandler):
         finish: str, cut: bool, cached: int,
     ) -> int:
         config = self.fake.config
-        counters = self.fake.counters
-        events = self.fake.events
         ids = output_token_ids(gen.prompt_key, n_send)
         t_first = t_req + round(config.ttft_ms * 1e6)
-
-        self.send_response(200)
-        for name, value in self.dialect.stream_headers:
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.flush()
-        self._log_generation(req, gen, cached)
-
+        self._open_stream(req, gen, cached)
         malformed_at = config.malformed_after_tokens
         sent = 0
         if malformed_at == 0:
@@ -282,26 +273,44 @@ class _Handler(BaseHTTPRequestHandler):
                 self._write(payload)
             t_written = time.perf_counter_ns()
             sent += len(chunk_ids)
-            with counters.lock:
-                counters.generation_tokens += len(chunk_ids)
-                if index > 0 and config.tokens_per_chunk > 1:
-                    counters.drafts += 1
-                    counters.draft_tokens += config.tokens_per_chunk - 1
-                    counters.accepted += len(chunk_ids) - 1
-            events.write(
-                {
-                    "kind": "chunk",
-                    "req": req,
-                    "t_ns": t_written,
-                    "due_ns": due,
-                    "tokens": list(positions),
-                    "n": len(chunk_ids),
-                    "ids": chunk_ids,
-                }
-            )
+            self._book_chunk(req, index, positions, chunk_ids, t_written, due)
             if malformed_at is not None and sent >= malformed_at:
                 self._send_malformed(req)
                 malformed_at = None
+        return self._close_stream(wire, sent, finish, cut)
+
+    def _open_stream(self, req: int, gen: _Generation, cached: int) -> None:
+        self.send_response(200)
+        for name, value in self.dialect.stream_headers:
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.flush()
+        self._log_generation(req, gen, cached)
+
+    def _book_chunk(self, req: int, index: int, positions: range, chunk_ids: list[int],
+                    t_written: int, due: int) -> None:
+        """A written chunk's counters and its line in the event log."""
+        config = self.fake.config
+        counters = self.fake.counters
+        with counters.lock:
+            counters.generation_tokens += len(chunk_ids)
+            if index > 0 and config.tokens_per_chunk > 1:
+                counters.drafts += 1
+                counters.draft_tokens += config.tokens_per_chunk - 1
+                counters.accepted += len(chunk_ids) - 1
+        self.fake.events.write(
+            {
+                "kind": "chunk",
+                "req": req,
+                "t_ns": t_written,
+                "due_ns": due,
+                "tokens": list(positions),
+                "n": len(chunk_ids),
+                "ids": chunk_ids,
+            }
+        )
+
+    def _close_stream(self, wire: Wire, sent: int, finish: str, cut: bool) -> int:
         if cut:
             self._hang_up()
             return sent

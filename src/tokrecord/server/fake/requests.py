@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from tokrecord.jsontypes import JSONObject
 from tokrecord.server.fake.constants import DEFAULT_MAX_TOKENS
 from tokrecord.server.fake.tokens import chat_prompt_text, prompt_token_ids
 
@@ -144,6 +145,6 @@ def _parse_generation(chat: bool, body: object, model: str) -> _Generation:
 
 def error_body(
     status: int, message: str, err_type: str, param: str | None = None
-) -> dict[str, Any]:
+) -> JSONObject:
     """OpenAI's error shape."""
     return {"error": {"message": message, "type": err_type, "param": param, "code": status}}

@@ -13,8 +13,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from tokrecord.jsontypes import JSONObject
 from tokrecord.server.fake.requests import _Generation
 from tokrecord.server.fake.tokens import _dumps
 
@@ -67,7 +68,7 @@ class Wire(Protocol):
         """Chunked frames written right after the last token chunk (not the last frame)."""
         ...
 
-    def whole(self, ids: Sequence[int], finish: str) -> dict[str, Any]:
+    def whole(self, ids: Sequence[int], finish: str) -> JSONObject:
         """The non-streamed response body."""
         ...
 

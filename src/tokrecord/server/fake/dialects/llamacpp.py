@@ -30,8 +30,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tokrecord.jsontypes import JSONObject
 from tokrecord.server.fake.constants import DEFAULT_MAX_TOKENS
 from tokrecord.server.fake.dialects.base import (
     Dialect,
@@ -130,7 +131,7 @@ class LlamaCppWire:
             "tokens_evaluated": self.prompt_n,
         })
 
-    def _final(self, content: str, ids: Sequence[int], n: int, finish: str) -> dict[str, Any]:
+    def _final(self, content: str, ids: Sequence[int], n: int, finish: str) -> JSONObject:
         return {
             "index": 0,
             "content": content,
@@ -148,7 +149,7 @@ class LlamaCppWire:
             "timings": self.timings(n),
         }
 
-    def timings(self, n: int) -> dict[str, Any]:
+    def timings(self, n: int) -> JSONObject:
         """llama.cpp's per-request timings on the fake's schedule: the prompt takes TTFT,
         each generated token 1/tok_s."""
         config = self.ex.config
@@ -156,7 +157,7 @@ class LlamaCppWire:
         prompt_n = self.prompt_n - cache_n
         prompt_ms = config.ttft_ms
         predicted_ms = n * 1000.0 / config.tok_s
-        timings: dict[str, Any] = {
+        timings: JSONObject = {
             "cache_n": cache_n,
             "prompt_n": prompt_n,
             "prompt_ms": prompt_ms,
@@ -177,7 +178,7 @@ class LlamaCppWire:
     def closing(self, sent: int, finish: str) -> bytes:
         return chunk_frame(sse_event(self._final("", (), sent, finish)))
 
-    def whole(self, ids: Sequence[int], finish: str) -> dict[str, Any]:
+    def whole(self, ids: Sequence[int], finish: str) -> JSONObject:
         return self._final("".join(token_text(t) for t in ids), ids, len(ids), finish)
 
 

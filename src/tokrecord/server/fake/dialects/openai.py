@@ -15,8 +15,9 @@ with `--no-continuous-usage`: then no chunk says how many tokens it carries.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tokrecord.jsontypes import JSONObject
 from tokrecord.server.fake.constants import DONE_EVENT, FINISH_REASONS
 from tokrecord.server.fake.dialects.base import (
     Dialect,
@@ -52,8 +53,8 @@ class OpenAIWire:
         self.prompt_tokens = len(ex.gen.prompt_ids)
         self.first_token_event = True
 
-    def _usage(self, completion_tokens: int, details: bool = False) -> dict[str, Any]:
-        usage: dict[str, Any] = {
+    def _usage(self, completion_tokens: int, details: bool = False) -> JSONObject:
+        usage: JSONObject = {
             "prompt_tokens": self.prompt_tokens,
             "total_tokens": self.prompt_tokens + completion_tokens,
             "completion_tokens": completion_tokens,
@@ -62,7 +63,7 @@ class OpenAIWire:
             usage["prompt_tokens_details"] = {"cached_tokens": 0}
         return usage
 
-    def _head(self) -> dict[str, Any]:
+    def _head(self) -> JSONObject:
         obj = "chat.completion.chunk" if self.gen.chat else "text_completion"
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
 
@@ -92,7 +93,7 @@ class OpenAIWire:
         text = "".join(token_text(t) for t in ids)
         token_ids = list(ids) if self.gen.return_token_ids else None
         chunk = self._head()
-        choice: dict[str, Any]
+        choice: JSONObject
         if self.gen.chat:
             choice = {
                 "index": 0,
@@ -135,17 +136,17 @@ class OpenAIWire:
         tail = chunk_frame(self.usage_event(sent)) if self.gen.include_usage else b""
         return tail + chunk_frame(DONE_EVENT)
 
-    def whole(self, ids: Sequence[int], finish: str) -> dict[str, Any]:
+    def whole(self, ids: Sequence[int], finish: str) -> JSONObject:
         text = "".join(token_text(t) for t in ids)
         token_ids = list(ids) if self.gen.return_token_ids else None
         prompt_ids = list(self.gen.prompt_ids) if self.gen.return_token_ids else None
-        body: dict[str, Any] = {
+        body: JSONObject = {
             "id": self.rid,
             "object": "chat.completion" if self.gen.chat else "text_completion",
             "created": self.created,
             "model": self.model,
         }
-        choice: dict[str, Any] = {"index": 0}
+        choice: JSONObject = {"index": 0}
         if self.gen.chat:
             choice.update(message={"role": "assistant", "content": text}, logprobs=None,
                           finish_reason=finish)
@@ -180,7 +181,7 @@ def openai_routes(vllm: bool, ids_on_request: bool = False) -> dict[str, Generat
             CHAT: GenerationRoute(parse_chat, wire)}
 
 
-def model_list(model: str, owned_by: str = "tokrecord") -> dict[str, Any]:
+def model_list(model: str, owned_by: str = "tokrecord") -> JSONObject:
     return {"object": "list", "data": [{"id": model, "object": "model", "owned_by": owned_by}]}
 
 

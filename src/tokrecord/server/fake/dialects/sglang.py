@@ -32,8 +32,9 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tokrecord.jsontypes import JSONObject
 from tokrecord.server.fake.constants import DONE_EVENT
 from tokrecord.server.fake.dialects.base import (
     Dialect,
@@ -113,14 +114,14 @@ class SglangWire:
     def opening(self) -> bytes:
         return b""
 
-    def _meta(self, completion_tokens: int, finish: str | None) -> dict[str, Any]:
+    def _meta(self, completion_tokens: int, finish: str | None) -> JSONObject:
         ex = self.ex
-        reason: dict[str, Any] | None = None
+        reason: JSONObject | None = None
         if finish == "length":
             reason = {"type": "length", "length": completion_tokens}
         elif finish is not None:
             reason = {"type": "stop", "matched": self.ids[-1] if self.ids else 0}
-        meta: dict[str, Any] = {
+        meta: JSONObject = {
             "id": ex.uid,
             "finish_reason": reason,
             "prompt_tokens": len(ex.gen.prompt_ids),
@@ -140,7 +141,7 @@ class SglangWire:
                 self._spec(meta, completion_tokens)
         return meta
 
-    def _spec(self, meta: dict[str, Any], completion_tokens: int) -> None:
+    def _spec(self, meta: JSONObject, completion_tokens: int) -> None:
         proposed = self.cycles * (self.ex.config.tokens_per_chunk - 1)
         meta.update(
             spec_accept_rate=self.accepted / proposed if proposed else 0.0,
@@ -170,7 +171,7 @@ class SglangWire:
     def closing(self, sent: int, finish: str) -> bytes:
         return chunk_frame(DONE_EVENT)
 
-    def whole(self, ids: Sequence[int], finish: str) -> dict[str, Any]:
+    def whole(self, ids: Sequence[int], finish: str) -> JSONObject:
         self.text = "".join(token_text(t) for t in ids)
         self.ids = list(ids)
         meta = self._meta(len(ids), finish)
@@ -268,7 +269,7 @@ class SglangDialect(Dialect):
         return sglang_families(server) + fake_gauges(server)
 
 
-def server_info(config: FakeServerConfig, port: int) -> dict[str, Any]:
+def server_info(config: FakeServerConfig, port: int) -> JSONObject:
     """The server args SGLang's /get_server_info carries that a leg would want, then the
     scheduler's figures and `version`."""
     k = config.tokens_per_chunk
