@@ -39,6 +39,7 @@ from tokrecord.evidence.safe import read_json as safe_read_json
 from tokrecord.evidence.seal import MANIFEST_NAME, load_or_create_key, seal, write_addendum
 from tokrecord.evidence.stamp import Stamp, utc_stamp
 from tokrecord.experiment.audit import audit_suite, judge_audit
+from tokrecord.experiment.design import RecordForm
 from tokrecord.experiment.leg import LegConfig, LegResult, run_leg, teacher_from_run
 from tokrecord.experiment.plan import Plan, load_plan
 from tokrecord.experiment.power import min_detectable_effect, plan_noise, power_report
@@ -330,9 +331,10 @@ def _execute_plan(plan: Plan, exp_dir: Path, plan_text: bytes | None,
         path = finish(exp_dir, built, key)
     # The record on disk: after a kill while finishing, it is the one written then.
     record: JSONObject = read_json(path, ConfigError)
-    if plan.design.value == "single":
-        print_leg(out_console, err_console, results["B1"])
-        print_gates(out_console, results["B1"])
+    if plan.design_spec.record_form is RecordForm.SINGLE_LEG:
+        (leg,) = (results[name] for name, _ in plan.legs)
+        print_leg(out_console, err_console, leg)
+        print_gates(out_console, leg)
         out_console.print(f"[bold]{record['status']}[/]: record {path}")
     else:
         print_experiment(out_console, record, path)
