@@ -7,9 +7,11 @@
    default. A test belongs here when it owns everything it touches: its files under
    `tmp_path`, servers on port 0, fake clocks. Most tests are this.
 2. **serial** (`pytest -m "engine or serial"`), one test at a time, nothing else running:
-   - `engine`: starts a real llama.cpp or vLLM CPU server. Put it in tests/engine/ (the
+   - `engine`: starts a real llama.cpp or vLLM CPU server. Put it in tests/real_engines/ (the
      directory marks it); share servers, teachers and experiments there through the
-     session fixtures in tests/engine/conftest.py rather than starting new ones.
+     session fixtures in tests/real_engines/conftest.py rather than starting new ones.
+     (tests/engine_adapters/ is the other thing: each adapter's knowledge, checked against
+     recorded outputs and argv, no server; it runs in the parallel group.)
    - `serial`: does not start a real engine but must still run alone: it needs a fixed
      port, reads the host's load, or measures real elapsed time that a busy neighbour
      would stretch. Mark it `@pytest.mark.serial` and say why in a comment.
@@ -74,8 +76,8 @@ def _fake_servers_sleep() -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test under tests/engine/ is an engine test whether or not its module says so."""
-    engine_dir = Path(__file__).parent / "engine"
+    """A test under tests/real_engines/ is an engine test whether or not its module says so."""
+    engine_dir = Path(__file__).parent / "real_engines"
     for item in items:
         if engine_dir in item.path.parents:
             item.add_marker(pytest.mark.engine)

@@ -1,4 +1,4 @@
-"""What the real-engine tests (tests/engine/) share: a short suite and quick idle gates."""
+"""What the real-engine tests (tests/real_engines/) share: a short suite and quick idle gates."""
 
 from __future__ import annotations
 

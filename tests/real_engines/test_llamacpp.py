@@ -1,7 +1,7 @@
 """Real llama.cpp (xllamacpp's CPU wheel), once per session: the llama.cpp demo's
 preregistered ABBA in one block (teacher from the plain arm, then A1 plain, B1 and B2
 draft-model speculation, A2 plain), on the demo target with the demo model as its draft, on
-the short suite (tests/engine/conftest.py). A llama.cpp server is ready in well under a
+the short suite (tests/real_engines/conftest.py). A llama.cpp server is ready in well under a
 second, so the five legs take well under a minute."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Real vLLM CPU, three server starts per session: the demo plan as a one-leg experiment
 (teacher captured from the plain arm on its own server, then B1 with ngram speculative
-decoding) on the short suite (tests/engine/conftest.py), and a prefix-caching cache audit.
+decoding) on the short suite (tests/real_engines/conftest.py), and a prefix-caching cache audit.
 
 Each vLLM CPU start costs about 30 s of imports on two cores, so the ABBA's pairs, verdict,
 idle gaps and per-leg telemetry are tested on the llama.cpp ABBA (test_llamacpp.py) and the
