@@ -46,6 +46,7 @@ from tokrecord.gates import (
     GateResult,
     GateStatus,
 )
+from tokrecord.jsontypes import JSONObject
 from tokrecord.metrics import FORMULAS, Convention
 
 # v2: k blocks, the A/A design, the leg-level verdict (`verdict_analysis`) and the
@@ -64,12 +65,12 @@ class EvidenceFacts(BaseModel):
     date: str  # YYYY-MM-DD, UTC
     root: str  # the experiment directory as given
     identity: dict[str, Any]  # identity_summary(); {} without identity.json
-    hardware: dict[str, dict[str, Any] | None]  # per leg: its hardware.json
+    hardware: dict[str, JSONObject | None]  # per leg: its hardware.json, as read
     evidence_sha256: dict[str, dict[str, str]]  # per leg: file name -> sha256
     # Per arm, identity.json's draft model identity (path, manifest sha256, revision).
-    drafts: dict[str, dict[str, Any]] = {}
+    drafts: dict[str, JSONObject] = {}
     # Per leg, identity collected again just before it (the state log's leg_identity).
-    leg_identity: dict[str, dict[str, Any]] = {}
+    leg_identity: dict[str, JSONObject] = {}
     # The exactness documents written with the record: file name -> sha256.
     documents_sha256: dict[str, str] = {}
     # The portable manifests written at preregistration: path -> sha256.
