@@ -46,6 +46,7 @@ from tokrecord.gates import (
     GateResult,
     GateStatus,
 )
+from tokrecord.jsontypes import JSONObject
 from tokrecord.metrics import FORMULAS, Convention
 
 # v2: k blocks, the A/A design, the leg-level verdict (`verdict_analysis`) and the
@@ -64,12 +65,12 @@ class EvidenceFacts(BaseModel):
     date: str  # YYYY-MM-DD, UTC
     root: str  # the experiment directory as given
     identity: dict[str, Any]  # identity_summary(); {} without identity.json
-    hardware: dict[str, dict[str, Any] | None]  # per leg: its hardware.json
+    hardware: dict[str, JSONObject | None]  # per leg: its hardware.json, as read
     evidence_sha256: dict[str, dict[str, str]]  # per leg: file name -> sha256
     # Per arm, identity.json's draft model identity (path, manifest sha256, revision).
-    drafts: dict[str, dict[str, Any]] = {}
+    drafts: dict[str, JSONObject] = {}
     # Per leg, identity collected again just before it (the state log's leg_identity).
-    leg_identity: dict[str, dict[str, Any]] = {}
+    leg_identity: dict[str, JSONObject] = {}
     # The exactness documents written with the record: file name -> sha256.
     documents_sha256: dict[str, str] = {}
     # The portable manifests written at preregistration: path -> sha256.
@@ -187,36 +188,6 @@ def portable_entries(facts: EvidenceFacts) -> dict[str, str | None]:
     return out
 
 
-def treatment_section(plan: Plan, result: LegResult, facts: EvidenceFacts) -> dict[str, Any]:
-    """The single-leg seed's treatment: what was switched on, whether the target stayed
-    the preregistered one, and every claim and fact the server log supports, each with
-    the log evidence or the reason it is not claimed."""
-    arm = plan.arms[result.arm]  # type: ignore[index]
-    selector = " ".join([*(f"{k}={v}" for k, v in sorted(redact_env(arm.env).items())),
-                         *redact_argv(arm.extra_args)]) or "(none: the base server)"
-    check = facts.leg_identity.get(result.name) or {}
-    changed = check.get("changed")
-    gate = _gate(result, TREATMENT_ATTESTATION)
-    claims = {c["claim"]: True if c["holds"] else c["statement"]
-              for c in (gate.evidence.get("claims", []) if gate else [])}
-    spec = speculative_configs(plan).get(result.arm)
-    return {
-        "arm": result.arm,
-        "selector": selector,
-        "description": arm.description,
-        # The model's bytes are in identity: unchanged when the check before the leg found
-        # the preregistered model (None when no check ran).
-        "target_unchanged": None if changed is None else "model" not in changed,
-        "claims": claims,
-        "log_facts": {f.name: f.value for f in result.log_facts if f.found},
-        "log_facts_per_rank": {f.name: f.per_rank for f in result.log_facts
-                               if f.found and f.per_rank},
-        "num_speculative_tokens": spec.num_speculative_tokens if spec else None,
-        "draft_sample_method": spec.draft_sample_method if spec else None,
-        "rejection_sample_method": spec.rejection_sample_method if spec else None,
-    }
-
-
 def identity_across_legs(checks: Mapping[str, Mapping[str, Any]], legs: Sequence[str]
                          ) -> tuple[bool | None, list[str]]:
     """Whether every leg ran on the preregistered identity (None: the state log predates
@@ -252,28 +223,6 @@ def speculative_section(plan: Plan, facts: EvidenceFacts) -> dict[str, dict[str,
 def server_log_facts(result: LegResult) -> dict[str, dict[str, Any]]:
     """The leg's log facts by name: value, lines found, and the value per rank."""
     return {f.name: f.model_dump(mode="json", exclude={"name"}) for f in result.log_facts}
-
-
-# The seeds' graph section, from the engine's log facts. What no fact reports stays None
-# and is listed, never guessed.
-_GRAPH_FROM_FACTS = {"mode": "compilation_mode", "cudagraph_mode": "cudagraph_mode",
-                     "capture_sizes": "cudagraph_capture_sizes",
-                     "max_capture_size": "max_cudagraph_capture_size",
-                     "graphs_reused": "graphs_reused"}
-_GRAPH_NOT_LOGGED = ("graphs_per_rank", "eager_breaks_per_rank", "rank_replays")
-
-
-def graph_facts(result: LegResult) -> dict[str, Any]:
-    facts = {f.name: f for f in result.log_facts}
-    out: dict[str, Any] = {key: facts[name].value if name in facts and facts[name].found
-                           else None for key, name in _GRAPH_FROM_FACTS.items()}
-    captures = facts.get("graph_captures")
-    # A rank that captured graphs logs "Graph capturing finished" once.
-    out["rank_captures"] = (sum(1 for n in captures.per_rank.values() if n)
-                            if captures is not None else None)
-    out.update(dict.fromkeys(_GRAPH_NOT_LOGGED))
-    out["not_reported"] = sorted(k for k, v in out.items() if v is None)
-    return out
 
 
 def log_facts(results: Mapping[str, LegResult]) -> dict[str, list[dict[str, Any]]]:

@@ -35,6 +35,7 @@ from tokrecord.experiment.runner import (
 from tokrecord.gates import EXACTNESS_RULE, RowOutcome
 from tokrecord.gates.teacher import Teacher, load_teacher
 from tokrecord.identity import sha256_file
+from tokrecord.jsontypes import JSONObject
 from tokrecord.record import SCHEMA_ABBA, EvidenceFacts
 from tokrecord.record.abba import abba_record
 from tokrecord.record.exactness import document_hashes, exactness_documents, stated_hashes
@@ -154,17 +155,17 @@ def evidence_hashes(run_dir: Path) -> dict[str, str]:
             if (run_dir / name).exists()}
 
 
-def hardware(run_dir: Path) -> dict[str, Any] | None:
+def hardware(run_dir: Path) -> JSONObject | None:
     """What the probes saw at the start of the leg (hardware.json), or None for
     evidence made before probes existed."""
     path = run_dir / layout.HARDWARE
     if not path.exists():
         return None
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    data: JSONObject = json.loads(path.read_text(encoding="utf-8"))
     return data
 
 
-def draft_identities(exp_dir: Path) -> dict[str, dict[str, Any]]:
+def draft_identities(exp_dir: Path) -> dict[str, JSONObject]:
     """Per arm, the draft model identity.json holds (its path, manifest and revision)."""
     path = exp_dir / layout.IDENTITY
     if not path.exists():

@@ -8,21 +8,22 @@ Kept apart from record/__init__.py because the schema imports that module's cons
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from pydantic import TypeAdapter
 
 from tokrecord.evidence import layout
+from tokrecord.evidence.redact import redact_argv, redact_env
 from tokrecord.experiment.leg import CLOCK_SOURCE, LegResult
-from tokrecord.experiment.plan import ArmName, Plan
+from tokrecord.experiment.plan import ArmName, Plan, speculative_configs
 from tokrecord.experiment.stats import pct_delta
+from tokrecord.gates import TREATMENT_ATTESTATION
 from tokrecord.metrics import FORMULAS, Convention
 from tokrecord.probes.telemetry import TelemetrySummary
 from tokrecord.record import (
     SCHEMA_SINGLE,
     EvidenceFacts,
     component_reasons,
-    graph_facts,
     identity_across_legs,
     log_facts,
     model_section,
@@ -31,7 +32,6 @@ from tokrecord.record import (
     reproducibility,
     server_log_facts,
     speculative_section,
-    treatment_section,
     unchanged_stack,
 )
 from tokrecord.record.exactness import artifact_entries
@@ -83,7 +83,7 @@ def single_leg_record(
         identity_sha256=(facts.leg_identity.get(result.name) or {}).get("identity_sha256"),
         source_identity_passed=identity_ok,
         attempts=[Attempt.model_validate(a) for a in attempts],
-        treatment=SingleTreatment.model_validate(treatment_section(plan, result, facts)),
+        treatment=treatment_section(plan, result, facts),
         model=ModelSection.model_validate(model_section(plan, facts)),
         unchanged_record_stack=UnchangedStack.model_validate(unchanged_stack(plan)),
         prior_recheck=None if facts.prior_recheck is None
@@ -91,7 +91,7 @@ def single_leg_record(
         component_evidence=_COMPONENTS.validate_python({c["name"]: c for c in facts.components}),
         log_facts=_LOG_FACTS.validate_python(log_facts({"B1": result})),
         server_log_facts=_SERVER_LOG_FACTS.validate_python(server_log_facts(result)),
-        graph=GraphFacts.model_validate(graph_facts(result)),
+        graph=graph_facts(result),
         speculative=_SPECULATIVE.validate_python(speculative_section(plan, facts)),
         operational=Operational.model_validate(operational({"B1": result}, {})),
         reproducibility=Reproducibility.model_validate(
@@ -181,3 +181,59 @@ def _hashes(result: LegResult, facts: EvidenceFacts) -> SingleHashes:
         "model_release_manifest": facts.portable_sha256.get(layout.MODEL_MANIFEST),
         "runtime_lock": facts.portable_sha256.get(layout.RUNTIME_LOCK)}
     return TypeAdapter(SingleHashes).validate_python(hashes)
+
+
+def treatment_section(plan: Plan, result: LegResult, facts: EvidenceFacts) -> SingleTreatment:
+    """The single-leg seed's treatment: what was switched on, whether the target stayed
+    the preregistered one, and every claim and fact the server log supports, each with
+    the log evidence or the reason it is not claimed."""
+    arm = plan.arms[result.arm]  # type: ignore[index]
+    selector = " ".join([*(f"{k}={v}" for k, v in sorted(redact_env(arm.env).items())),
+                         *redact_argv(arm.extra_args)]) or "(none: the base server)"
+    check = facts.leg_identity.get(result.name) or {}
+    changed = check.get("changed")
+    gate = next((g for g in result.gates if g.name == TREATMENT_ATTESTATION), None)
+    claims = {c["claim"]: True if c["holds"] else c["statement"]
+              for c in (gate.evidence.get("claims", []) if gate else [])}
+    spec = speculative_configs(plan).get(result.arm)
+    return SingleTreatment(
+        # A leg's arm is a plain str; the model checks it is one of the plan's two.
+        arm=cast(ArmName, result.arm),
+        selector=selector,
+        description=arm.description,
+        # The model's bytes are in identity: unchanged when the check before the leg found
+        # the preregistered model (None when no check ran).
+        target_unchanged=None if changed is None else "model" not in changed,
+        claims=claims,
+        log_facts={f.name: f.value for f in result.log_facts if f.found},
+        log_facts_per_rank={f.name: f.per_rank for f in result.log_facts
+                            if f.found and f.per_rank},
+        num_speculative_tokens=spec.num_speculative_tokens if spec else None,
+        draft_sample_method=spec.draft_sample_method if spec else None,
+        rejection_sample_method=spec.rejection_sample_method if spec else None,
+    )
+
+
+def graph_facts(result: LegResult) -> GraphFacts:
+    """The seeds' graph section, from the engine's log facts. What no fact reports stays
+    None and is listed in not_reported, never guessed."""
+    facts = {f.name: f for f in result.log_facts}
+
+    def logged(name: str) -> Any:
+        fact = facts.get(name)
+        return fact.value if fact is not None and fact.found else None
+
+    captures = facts.get("graph_captures")
+    graph = GraphFacts(
+        mode=logged("compilation_mode"), cudagraph_mode=logged("cudagraph_mode"),
+        capture_sizes=logged("cudagraph_capture_sizes"),
+        max_capture_size=logged("max_cudagraph_capture_size"),
+        graphs_reused=logged("graphs_reused"),
+        # A rank that captured graphs logs "Graph capturing finished" once.
+        rank_captures=(sum(1 for n in captures.per_rank.values() if n)
+                       if captures is not None else None),
+        # No engine logs these yet.
+        graphs_per_rank=None, eager_breaks_per_rank=None, rank_replays=None,
+        not_reported=[])
+    return graph.model_copy(update={"not_reported": sorted(
+        k for k, v in graph.model_dump().items() if v is None)})

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tokrecord.errors import ConfigError
+from tokrecord.jsontypes import JSONObject
 
 CHROMIUM_ENV = "TOKRECORD_CHROMIUM"
 # Works from a wheel install too (scripts/ is only in a clone).
@@ -102,24 +103,24 @@ class Browser:
             os.close(w_evt)
         self._buf = b""
         self._next_id = 0
-        self._events: list[dict[str, Any]] = []
+        self._events: list[JSONObject] = []
 
     # ------------------------------------------------------------------ protocol
 
-    def _send(self, method: str, params: dict[str, Any] | None, session: str | None) -> int:
+    def _send(self, method: str, params: JSONObject | None, session: str | None) -> int:
         self._next_id += 1
-        msg: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
+        msg: JSONObject = {"id": self._next_id, "method": method, "params": params or {}}
         if session:
             msg["sessionId"] = session
         os.write(self._w_cmd, json.dumps(msg).encode() + b"\0")
         return self._next_id
 
-    def _read_until(self, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    def _read_until(self, done: Callable[[JSONObject], bool]) -> JSONObject:
         deadline = time.monotonic() + self.timeout_s
         while True:
             while b"\0" in self._buf:
                 raw, self._buf = self._buf.split(b"\0", 1)
-                msg: dict[str, Any] = json.loads(raw)
+                msg: JSONObject = json.loads(raw)
                 if done(msg):
                     return msg
                 self._events.append(msg)
@@ -133,16 +134,16 @@ class Browser:
                     raise BrowserError(f"Chromium exited (status {self._proc.poll()})")
                 self._buf += data
 
-    def call(self, method: str, params: dict[str, Any] | None = None,
-             session: str | None = None) -> dict[str, Any]:
+    def call(self, method: str, params: JSONObject | None = None,
+             session: str | None = None) -> JSONObject:
         ident = self._send(method, params, session)
         msg = self._read_until(lambda m: m.get("id") == ident)
         if "error" in msg:
             raise BrowserError(f"{method}: {msg['error']}")
-        result: dict[str, Any] = msg.get("result", {})
+        result: JSONObject = msg.get("result", {})
         return result
 
-    def _wait_event(self, method: str, session: str) -> dict[str, Any]:
+    def _wait_event(self, method: str, session: str) -> JSONObject:
         for i, ev in enumerate(self._events):
             if ev.get("method") == method and ev.get("sessionId") == session:
                 return self._events.pop(i)
