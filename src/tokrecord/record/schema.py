@@ -418,6 +418,10 @@ class _ExperimentCommon(_Record):
     artifacts: AbbaArtifacts
     submission: Empty
 
+    def experiment_verdict(self) -> tuple[str, Verdict]:
+        """The experiment's name and verdict (a single-leg record has neither: None)."""
+        return self.experiment, self.verdict
+
 
 class ExperimentRecord(_ExperimentCommon):
     """``tokrecord.experiment-record/v1``: one ABBA block (A1 B1 B2 A2), the paired-bootstrap
@@ -744,6 +748,9 @@ class SingleLegRecord(_Record):
     def shows_single_active(self) -> bool:
         gate = self.quality.get(SINGLE_ACTIVE_GENERATION)
         return gate is not None and gate.status is GateStatus.PASS
+
+    def experiment_verdict(self) -> None:
+        return None
 
     @property
     def verdict_analysis(self) -> None:

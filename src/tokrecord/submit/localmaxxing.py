@@ -36,16 +36,12 @@ from tokrecord.engines import FAKE_MODULE, EngineName, engine_for, infer_engine
 from tokrecord.engines.base import LaunchFacts, SpeculativeConfig
 from tokrecord.evidence.redact import is_secret_env, redact_argv
 from tokrecord.evidence.stamp import Stamp, utc_stamp
+from tokrecord.experiment.stats import VerdictAnalysis
 from tokrecord.gates import SINGLE_ACTIVE_GENERATION
 from tokrecord.identity import SourceIdentity
 from tokrecord.identity.model import ModelIdentity
 from tokrecord.jsontypes import JSONObject
-from tokrecord.record.schema import (
-    AbbaRecord,
-    AnyRecord,
-    Hardware,
-    SingleLegRecord,
-)
+from tokrecord.record.schema import AnyRecord, Hardware
 from tokrecord.submit import contract, verified
 from tokrecord.submit.facts import RecordFacts, SubmitError, median_low, output_sha256, prompt_sha256
 from tokrecord.submit.quant import model_quantization
@@ -223,10 +219,9 @@ def _single_active(record: AnyRecord) -> bool:
     return record.shows_single_active()
 
 
-def _interval(record: AbbaRecord) -> str:
+def _interval(a: VerdictAnalysis | None) -> str:
     """The v2 verdict's interval, which rests on the between-leg noise ('' for v1, whose
     notes stay as they were)."""
-    a = record.verdict_analysis
     if a is None:
         return ""
     if a.ratio is None or a.ci_low is None or a.ci_high is None:
@@ -238,13 +233,15 @@ def _interval(record: AbbaRecord) -> str:
 def _where(facts: RecordFacts) -> str:
     """Which leg the headline is, of which record."""
     rec = facts.record
-    if isinstance(rec, SingleLegRecord):
+    named = rec.experiment_verdict()
+    if named is None:
         return f"leg {facts.leg} of a single-leg record"
+    experiment, verdict = named
     n = len(facts.candidate_legs) or 2
     which = "the lower of the two" if n == 2 else f"the lowest of the {n}"
     blocks = f" ({facts.blocks} blocks)" if facts.blocks > 1 else ""
     return (f"leg {facts.leg}, {which} candidate legs of ABBA experiment "
-            f"{rec.experiment}{blocks}; verdict {rec.verdict.value}{_interval(rec)}")
+            f"{experiment}{blocks}; verdict {verdict.value}{_interval(rec.verdict_analysis)}")
 
 
 def notes_text(facts: RecordFacts, out_sha: str | None) -> str:
