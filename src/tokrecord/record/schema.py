@@ -423,7 +423,32 @@ class _ExperimentCommon(_Record):
         return self.experiment, self.verdict
 
 
-class ExperimentRecord(_ExperimentCommon):
+class _WithoutV2Sections:
+    """What a form written before experiment-record/v2 lacks, read as None: the v1
+    experiment record and the single-leg record (see _ReaderView)."""
+
+    @property
+    def verdict_analysis(self) -> None:
+        return None
+
+    @property
+    def power(self) -> None:
+        return None
+
+    @property
+    def sequential(self) -> None:
+        return None
+
+    @property
+    def sweep(self) -> None:
+        return None
+
+    @property
+    def noise_diagnostic(self) -> None:
+        return None
+
+
+class ExperimentRecord(_WithoutV2Sections, _ExperimentCommon):
     """``tokrecord.experiment-record/v1``: one ABBA block (A1 B1 B2 A2), the paired-bootstrap
     verdict; written before v2, still read and verified."""
 
@@ -458,25 +483,6 @@ class ExperimentRecord(_ExperimentCommon):
     def shows_single_active(self) -> bool:
         return self.protocol.single_active_generation is True
 
-    @property
-    def verdict_analysis(self) -> None:
-        return None
-
-    @property
-    def power(self) -> None:
-        return None
-
-    @property
-    def sequential(self) -> None:
-        return None
-
-    @property
-    def sweep(self) -> None:
-        return None
-
-    @property
-    def noise_diagnostic(self) -> None:
-        return None
 
 
 # -- tokrecord.experiment-record/v2 -------------------------------------------------------
@@ -696,7 +702,7 @@ class SingleArtifacts(_Section):
     all_vs_canonical_teacher_sha256: Sha256 | None = None
 
 
-class SingleLegRecord(_Record):
+class SingleLegRecord(_WithoutV2Sections, _Record):
     """``tokrecord.single-leg-record/v1``: one leg of the candidate arm against the plan's goal."""
 
     schema_id: Literal["tokrecord.single-leg-record/v1"] = Field(alias="schema")
@@ -753,27 +759,7 @@ class SingleLegRecord(_Record):
         return None
 
     @property
-    def verdict_analysis(self) -> None:
-        return None
-
-    @property
-    def power(self) -> None:
-        return None
-
-    @property
     def bootstrap(self) -> None:
-        return None
-
-    @property
-    def noise_diagnostic(self) -> None:
-        return None
-
-    @property
-    def sequential(self) -> None:
-        return None
-
-    @property
-    def sweep(self) -> None:
         return None
 
     @property
