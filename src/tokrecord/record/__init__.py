@@ -48,6 +48,7 @@ from tokrecord.gates import (
 )
 from tokrecord.jsontypes import JSONObject
 from tokrecord.metrics import FORMULAS, Convention
+from tokrecord.metrics.rows import LegSummary
 
 # v2: k blocks, the A/A design, the leg-level verdict (`verdict_analysis`) and the
 # preregistered power. v1 (one ABBA block, the paired bootstrap) is still built
@@ -273,24 +274,32 @@ def reproducibility(root: str) -> dict[str, str]:
     }
 
 
+def convention_figures(plan: Plan, summary: LegSummary) -> dict[str, Any]:
+    """What every record's accounting (record.schema.Accounting) says of its headline leg:
+    both per-token conventions and the chunk-aware rate, and the clock they were read from."""
+    return {
+        "published_convention": plan.headline.value,
+        "published_formula": FORMULAS[plan.headline],
+        "published_value_tok_s": summary.tok_s_out,
+        "timestamped_events": 100,
+        "inter_token_intervals": 99,
+        "conventional_interval_formula": FORMULAS[Convention.CONVENTIONAL],
+        "conventional_interval_value_tok_s": summary.tok_s_out_conventional,
+        "legacy_inclusive_events_value_tok_s": summary.tok_s_out_legacy,
+        "chunk_aware_value_tok_s": summary.tok_s_out_chunk_aware,
+        "quantisation_bound_pct": summary.quantisation_bound_pct_max,
+        "clock": CLOCK_SOURCE,
+    }
+
+
 def accounting(plan: Plan, headline: LegResult) -> dict[str, Any]:
-    """Both per-token conventions and the chunk-aware rate of the headline leg, with a
-    qualification whenever the published convention is not the conventional one."""
+    """The experiment's accounting: its headline leg's, with a qualification whenever the
+    published convention is not the conventional one."""
     s = headline.summary
     head = plan.headline.value
     return {
         "headline_leg": headline.name,
-        "published_convention": head,
-        "published_formula": FORMULAS[plan.headline],
-        "published_value_tok_s": s.tok_s_out,
-        "timestamped_events": 100,
-        "inter_token_intervals": 99,
-        "conventional_interval_formula": FORMULAS[Convention.CONVENTIONAL],
-        "conventional_interval_value_tok_s": s.tok_s_out_conventional,
-        "legacy_inclusive_events_value_tok_s": s.tok_s_out_legacy,
-        "chunk_aware_value_tok_s": s.tok_s_out_chunk_aware,
-        "quantisation_bound_pct": s.quantisation_bound_pct_max,
-        "clock": CLOCK_SOURCE,
+        **convention_figures(plan, s),
         "qualification": "" if head == "conventional" else (
             f"published in the {head} convention; the conventional 99-interval value is "
             f"{s.tok_s_out_conventional} tok/s"),

@@ -14,16 +14,16 @@ from pydantic import TypeAdapter
 
 from tokrecord.evidence import layout
 from tokrecord.evidence.redact import redact_argv, redact_env
-from tokrecord.experiment.leg import CLOCK_SOURCE, LegResult
+from tokrecord.experiment.leg import LegResult
 from tokrecord.experiment.plan import ArmName, Plan, speculative_configs
 from tokrecord.experiment.stats import pct_delta
 from tokrecord.gates import TREATMENT_ATTESTATION
-from tokrecord.metrics import FORMULAS, Convention
 from tokrecord.probes.telemetry import TelemetrySummary
 from tokrecord.record import (
     SCHEMA_SINGLE,
     EvidenceFacts,
     component_reasons,
+    convention_figures,
     identity_across_legs,
     log_facts,
     model_section,
@@ -116,17 +116,9 @@ _SPECULATIVE = TypeAdapter(dict[ArmName, SpeculativeSection | None])
 
 
 def _accounting(plan: Plan, result: LegResult) -> MetricAccounting:
-    s, goal = result.summary, plan.prior.goal_tok_s
-    conv = s.tok_s_out_conventional
+    conv, goal = result.summary.tok_s_out_conventional, plan.prior.goal_tok_s
     return MetricAccounting(
-        published_convention=plan.headline, published_formula=FORMULAS[plan.headline],
-        published_value_tok_s=s.tok_s_out, timestamped_events=100, inter_token_intervals=99,
-        conventional_interval_formula=FORMULAS[Convention.CONVENTIONAL],
-        conventional_interval_value_tok_s=conv,
-        legacy_inclusive_events_value_tok_s=s.tok_s_out_legacy,
-        chunk_aware_value_tok_s=s.tok_s_out_chunk_aware,
-        quantisation_bound_pct=s.quantisation_bound_pct_max, clock=CLOCK_SOURCE,
-        conventional_goal_tok_s=goal,
+        **convention_figures(plan, result.summary), conventional_goal_tok_s=goal,
         conventional_margin_to_goal_tok_s=conv - goal if conv is not None and goal else None,
     )
 
