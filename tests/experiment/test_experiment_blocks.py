@@ -22,8 +22,8 @@ from tokrecord.experiment.runner import (
     NullExperimentObserver,
     run_experiment,
 )
-from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1
 from tokrecord.record.build import build_record, finish
+from tokrecord.record.ids import SCHEMA_ABBA, SCHEMA_ABBA_V1
 from tokrecord.record.lint import lint_record
 from tokrecord.record.schema import ExperimentRecord, ExperimentRecordV2, validate_record
 from tokrecord.record.verify import verify_dir, verify_leg

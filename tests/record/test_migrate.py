@@ -12,7 +12,8 @@ import pytest
 
 from paths import ROOT
 from tokrecord.errors import ConfigError
-from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE, migrate
+from tokrecord.record import migrate
+from tokrecord.record.ids import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
 from tokrecord.record.schema import load_record, validate_record
 
 FIXTURES = ROOT / "tests" / "fixtures"

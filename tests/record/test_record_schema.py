@@ -20,8 +20,8 @@ from tokrecord.evidence import layout
 from tokrecord.evidence.seal import load_or_create_key
 from tokrecord.experiment.plan import parse_plan
 from tokrecord.experiment.runner import run_experiment
-from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
 from tokrecord.record.build import build_record, finish
+from tokrecord.record.ids import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
 from tokrecord.record.schema import (
     SCHEMA_ID,
     SCHEMA_URL,

@@ -11,7 +11,7 @@ included so the record points at exactly what it was computed from.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -49,13 +49,6 @@ from tokrecord.gates import (
 from tokrecord.jsontypes import JSONObject
 from tokrecord.metrics import FORMULAS, Convention
 from tokrecord.metrics.rows import LegSummary
-
-# v2: k blocks, the A/A design, the leg-level verdict (`verdict_analysis`) and the
-# preregistered power. v1 (one ABBA block, the paired bootstrap) is still built
-# exactly as it was, so that records made before v2 verify.
-SCHEMA_ABBA: Final = "tokrecord.experiment-record/v2"
-SCHEMA_ABBA_V1: Final = "tokrecord.experiment-record/v1"
-SCHEMA_SINGLE: Final = "tokrecord.single-leg-record/v1"
 
 
 class EvidenceFacts(BaseModel):

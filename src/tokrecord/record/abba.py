@@ -61,8 +61,6 @@ from tokrecord.gates import (
 from tokrecord.metrics import FORMULAS
 from tokrecord.probes.telemetry import TelemetrySummary
 from tokrecord.record import (
-    SCHEMA_ABBA,
-    SCHEMA_ABBA_V1,
     EvidenceFacts,
     _gate,
     _ok,
@@ -85,6 +83,7 @@ from tokrecord.record import (
     unchanged_stack,
 )
 from tokrecord.record.exactness import artifact_entries
+from tokrecord.record.ids import SCHEMA_ABBA, SCHEMA_ABBA_V1
 from tokrecord.record.schema import (
     AbbaArtifacts,
     AbbaPairs,

@@ -36,9 +36,10 @@ from tokrecord.gates import EXACTNESS_RULE, RowOutcome
 from tokrecord.gates.teacher import Teacher, load_teacher
 from tokrecord.identity import sha256_file
 from tokrecord.jsontypes import JSONObject
-from tokrecord.record import SCHEMA_ABBA, EvidenceFacts
+from tokrecord.record import EvidenceFacts
 from tokrecord.record.abba import abba_record
 from tokrecord.record.exactness import document_hashes, exactness_documents, stated_hashes
+from tokrecord.record.ids import SCHEMA_ABBA
 from tokrecord.record.schema import validate_record
 from tokrecord.record.single import single_leg_record
 

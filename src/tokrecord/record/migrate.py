@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from tokrecord.errors import ConfigError
 from tokrecord.gates import IDLE_AFTER, IDLE_BEFORE
-from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
+from tokrecord.record.ids import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
 
 _V1_FORMS: Final = frozenset({SCHEMA_ABBA_V1, SCHEMA_SINGLE})  # written before the probes
 KNOWN_RECORD_SCHEMAS: Final = (SCHEMA_ABBA_V1, SCHEMA_ABBA, SCHEMA_SINGLE)

@@ -60,7 +60,8 @@ from tokrecord.experiment.sweep import SweepSection
 from tokrecord.gates import SINGLE_ACTIVE_GENERATION, GateResult, GateStatus
 from tokrecord.metrics import Convention, SpeculativeCounters
 from tokrecord.probes.telemetry import TelemetrySummary
-from tokrecord.record import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE, migrate
+from tokrecord.record import migrate
+from tokrecord.record.ids import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
 
 SCHEMA_ID: Final = "tokrecord.record/v1"
 SCHEMA_URL: Final = "https://tokrecord.dev/schemas/tokrecord.record/v1.json"

@@ -20,7 +20,6 @@ from tokrecord.experiment.stats import pct_delta
 from tokrecord.gates import TREATMENT_ATTESTATION
 from tokrecord.probes.telemetry import TelemetrySummary
 from tokrecord.record import (
-    SCHEMA_SINGLE,
     EvidenceFacts,
     component_reasons,
     convention_figures,
@@ -35,6 +34,7 @@ from tokrecord.record import (
     unchanged_stack,
 )
 from tokrecord.record.exactness import artifact_entries
+from tokrecord.record.ids import SCHEMA_SINGLE
 from tokrecord.record.schema import (
     Attempt,
     ComponentEvidence,
