@@ -143,7 +143,7 @@ def test_single_leg_experiment_margins_in_both_conventions(single: Path) -> None
     acc, rec = record["metric_accounting"], record["record"]
     p = addendum(single)["payload"]
     before, after = p["original"], p["reaccounted"]
-    assert p["record_schema"] == "tokrecord.single-leg-record/v1"
+    assert p["record_schema"] == "tokrecord.single-leg-record/v2"  # a record written today
     assert before["headline_tok_s"] == rec["value_tok_s"] == acc["published_value_tok_s"]
     assert after["headline_tok_s"] == acc["conventional_interval_value_tok_s"]
     assert before["margins"]["goal"] == {

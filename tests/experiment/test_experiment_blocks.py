@@ -152,7 +152,7 @@ def test_a_v1_record_still_verifies_and_lints(tmp_path: Path) -> None:
     assert verify_dir(copy) == []
     record = json.loads((copy / "record.json").read_text())
     assert record["schema"] == SCHEMA_ABBA_V1 and "bootstrap" in record
-    assert isinstance(validate_record(record), ExperimentRecord)
+    assert isinstance(validate_record(record, older_form_ok=True), ExperimentRecord)
     assert lint_record(record) == []
 
 

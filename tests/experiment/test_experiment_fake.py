@@ -147,7 +147,7 @@ def test_abba_faster_candidate_sets_a_record(faster: SimpleNamespace) -> None:
             pct_delta(results[cand].summary.tok_s_out, results[ctrl].summary.tok_s_out), rel=1e-12)
         assert pair["paired_median_delta_pct"] > 0
         assert pair["candidate_row_wins"].endswith("/5") and pair["passed"] is True
-    assert "bootstrap" not in record and record["schema"] == "tokrecord.experiment-record/v2"
+    assert "bootstrap" not in record and record["schema"] == "tokrecord.experiment-record/v3"
     va = record["verdict_analysis"]
     assert va["ratio"] > 1
     assert va["ci_low"] > 1 and va["ci_low"] <= va["ratio"] <= va["ci_high"]
@@ -489,7 +489,7 @@ def test_single_design_one_candidate_leg(tmp_path: Path) -> None:
     finish(exp, record)
     assert read_record(exp) == json.loads(json.dumps(record))
 
-    assert record["schema"] == "tokrecord.single-leg-record/v1"
+    assert record["schema"] == "tokrecord.single-leg-record/v2"
     assert record["plan_sha256"] == plan.sha256
     s = results["B1"].summary
     acc = record["metric_accounting"]

@@ -69,7 +69,7 @@ def test_cautions_no_record_and_a_slower_candidate() -> None:
     raw = record_of(V1)
     raw["record_gate"].update({"candidate_lower_start_tok_s": 100.0,
                                "control_lower_start_tok_s": 130.0})
-    cautions = record_cautions(validate_record(raw, sealed_before_probes_ok=True))
+    cautions = record_cautions(validate_record(raw, older_form_ok=True))
     assert any("slower than the control's lower leg (130.00 tok/s) by 23.1 %" in c
                for c in cautions)
 

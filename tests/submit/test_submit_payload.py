@@ -62,7 +62,7 @@ def record_of(path: Path) -> dict[str, Any]:
 
 def abba_record(record: dict[str, Any]) -> AbbaRecord:
     # Sealed fixtures: read as a reader reads older evidence.
-    model = validate_record(record, sealed_before_probes_ok=True)
+    model = validate_record(record, older_form_ok=True)
     assert not isinstance(model, SingleLegRecord)
     return model
 
@@ -73,7 +73,7 @@ def demo_record(base: Path | None = None, single_active: bool = True, **changes:
     record.update({"experiment": "demo-ngram-vs-plain", "status": "no_record",
                    "verdict": "UNDECIDED", "plan_sha256": "4c" * 32, "hardware": CPU_ONLY, **changes})
     record["protocol"]["single_active_generation"] = single_active
-    return validate_record(record, sealed_before_probes_ok=True)  # a fixture sealed earlier
+    return validate_record(record, older_form_ok=True)  # a fixture sealed earlier
 
 
 def git_tree(name: str, commit: str, dirty: bool = False) -> dict[str, Any]:

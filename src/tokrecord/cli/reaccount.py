@@ -97,12 +97,12 @@ def load_inputs(directory: Path) -> tuple[list[LegRows], Convention, dict[str, f
             run_dir = layout.locate_run_dir(directory, record.artifacts.run_dir, "B1")
             refs = {"goal": figures.goal_tok_s, "prior_approved": figures.prior_approved_tok_s,
                     "prior_best_exact": figures.prior_best_exact_tok_s}
-            return [_leg_rows(directory, "B1", run_dir, True)], published, refs, record.schema_id
+            return [_leg_rows(directory, "B1", run_dir, True)], published, refs, record.stored_schema
         legs = [_leg_rows(directory, name, layout.locate_run_dir(directory, block.run_dir, name),
                           block.treatment == "candidate")
                 for name, block in record.runs_by_name().items()]
         return legs, published, {"prior_approved": record.prior_approved_record.tok_s}, \
-            record.schema_id
+            record.stored_schema
     if (directory / layout.SUMMARY).exists():
         result = LegResult.model_validate_json((directory / layout.SUMMARY).read_bytes())
         return ([_leg_rows(directory, result.name, directory, True)],

@@ -29,7 +29,6 @@ from tokrecord.metrics.rows import ROW_FLAGS
 from tokrecord.probes import Snapshot
 from tokrecord.probes.idle import IdleCriteria, IdleResult
 from tokrecord.record.schema import (
-    AbbaQuality,
     AbbaRecord,
     ExperimentRecord,
     ExperimentRecordV2,
@@ -321,7 +320,7 @@ def experiment_tables(record: AbbaRecord) -> list[Table]:
     # A sweep has no pairs (its arms share one fit): its own table is printed instead.
     pairs = [] if _is_sweep(record) else [_pairs_table(record)]
     return [_runs_table(record, legs), _gates_matrix(record, legs), *pairs,
-            _quality_table(record.quality, by_text), _record_gate_table(record.record_gate)]
+            _quality_table(record, by_text), _record_gate_table(record.record_gate)]
 
 
 def _is_sweep(record: AbbaRecord) -> bool:
@@ -434,12 +433,13 @@ _QUALITY_ROWS = ("all_legs_teacher_exact", "all_legs_cross_exact", "all_legs_cac
                  "retries")
 
 
-def _quality_table(q: AbbaQuality, rows_by_text: int = 0) -> Table:
+def _quality_table(record: AbbaRecord, rows_by_text: int = 0) -> Table:
     quality = Table(title="quality across legs", box=None, padding=(0, 1), show_header=False)
     quality.add_column("gate")
     quality.add_column("value", justify="right")
+    q = record.quality
     for key in _QUALITY_ROWS:
-        if key in q.model_fields_set:
+        if key in q.model_fields_set and record.recorded("quality", key):
             value = str(getattr(q, key))
             if key == "all_legs_teacher_exact" and rows_by_text:
                 value += f", {rows_by_text} by text"
@@ -490,7 +490,7 @@ def print_experiment(out: Console, record: AbbaRecord | Mapping[str, Any], path:
     """An experiment record's tables, verdict and where it is; a record just written may
     still be its JSON, read here as its model."""
     model = record if isinstance(record, ExperimentRecord | ExperimentRecordV2) else \
-        validate_record(record, source=str(path), sealed_before_probes_ok=True)
+        validate_record(record, source=str(path), older_form_ok=True)
     if isinstance(model, SingleLegRecord):
         raise ConfigError(f"{path}: a single-leg record has no experiment tables")
     for table in experiment_tables(model):

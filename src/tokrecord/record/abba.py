@@ -161,8 +161,8 @@ def abba_record(
     schema: str = SCHEMA_ABBA,
     sweep_method: str | None = None,
 ) -> dict[str, Any]:
-    """An ABBA, A/A or sweep experiment's record, in the form `schema` names (v2 unless an
-    older record is being recomputed); a sweep's by `sweep_method` when an older sweep
+    """An ABBA, A/A or sweep experiment's record, in the form `schema` names (the current
+    one unless a v1 record is being recomputed); a sweep's by `sweep_method` when an older sweep
     record is recomputed (experiment.sweep.SWEEP_METHOD_TWO_SIDED)."""
     if schema not in (SCHEMA_ABBA, SCHEMA_ABBA_V1):
         raise ConfigError(f"unknown experiment record schema {schema!r}")
@@ -293,8 +293,10 @@ def _v2(plan: Plan, results: Mapping[str, LegResult], rows: Mapping[str, Sequenc
         else PriorRecheck.model_validate(facts.prior_recheck),
         noise_diagnostic=None if noise is None else NoiseDiagnostic.model_validate(noise),
         sequential=None if f.seq is None else _whole(f.seq),
-        sweep=None if f.swept is None else SweepSection.model_validate(f.swept.model_dump(
-            mode="json", exclude={"sequential"} if f.swept.sequential is None else None)),
+        # Every key, sweep.sequential included (null unless the sweep was sequential): v2
+        # left it out, and record.migrate fills it for a v2 record.
+        sweep=None if f.swept is None else SweepSection.model_validate(
+            f.swept.model_dump(mode="json")),
     )
 
 

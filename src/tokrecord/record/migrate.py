@@ -1,100 +1,199 @@
-"""Every older form of tokrecord's evidence, and how it is read today: one table, one module.
+"""Every older form of tokrecord's evidence, upgraded at load: one function per older
+schema id, in this module only.
 
-A record or leg file sealed by an earlier tokrecord lacks the keys added since. This
-module is the only place that knows which those are, by the step that added them
-(pyperf's `_json_load(version)` is the model): the record schema reads a key a step
-lists as "not recorded" (None) in a record that predates the step, verify does not
-count it as a difference, and a leg config that predates the probes is recomputed
-without them. Everything else reads one form. A record whose schema id is newer than
-this tokrecord knows is refused here, naming the file and the key, before any reader
-sees it.
+A record or leg file sealed by an earlier tokrecord lacks the keys added since. Each older
+schema id has one upgrade function (pyperf's `_json_load(version)` is the model) that maps
+a document of that id to the next form: it fills every key that form may lack with None
+("not recorded") at the exact path where the key lives, and says which paths it filled.
+`load_current` climbs the ladder to the current form; the record schema validates the
+result as strictly as a record being written (every key required), and verify does not
+count a filled path as a difference. A record whose schema id is newer than this
+tokrecord knows is refused here, naming the file and the key, before any reader sees it;
+so is an id of no form it knows.
 
 Migration never touches the bytes: a sealed record's signature and hashes are checked
 over the files as stored (evidence.seal); only the in-memory reading is upgraded.
 
-A new key means one new `Step` below, and nothing in the readers.
+A new field means a new schema id and one upgrade step: add the id (record.ids), make the
+id it replaces an older form here with one `_upgrade_*` function, and nothing in the
+readers changes.
 """
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from tokrecord.errors import ConfigError
-from tokrecord.gates import IDLE_AFTER, IDLE_BEFORE
-from tokrecord.record.ids import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
+from tokrecord.jsontypes import JSONObject
+from tokrecord.record.ids import (
+    SCHEMA_ABBA,
+    SCHEMA_ABBA_V1,
+    SCHEMA_ABBA_V2,
+    SCHEMA_SINGLE,
+    SCHEMA_SINGLE_V1,
+)
 
-_V1_FORMS: Final = frozenset({SCHEMA_ABBA_V1, SCHEMA_SINGLE})  # written before the probes
-KNOWN_RECORD_SCHEMAS: Final = (SCHEMA_ABBA_V1, SCHEMA_ABBA, SCHEMA_SINGLE)
+# Where a key lives in a document: object keys, and list indices.
+KeyPath = tuple[str | int, ...]
+# A path pattern: "*" stands for every key of an object, or every item of a list.
+_Pattern = tuple[str, ...]
 
-# -- the steps, oldest first --------------------------------------------------------------
-
-# Keys added to records with the probes (idle gates, telemetry, hardware). A v1 record
-# sealed by an earlier tokrecord has none of them and must still be read (verify skips
-# them likewise): their fields default to None, which a reader takes as "not recorded";
-# the schema still requires every one of them in a record that is written.
-ADDED_LATER: Final = frozenset({
-    "telemetry", "hardware", "idle_before_and_after_all_legs", "same_hardware_all_legs",
-    "prestart_idle_seconds", "poststop_idle_seconds", "prestart_idle_snapshots",
-    "poststop_idle_snapshots", "idle_passed"})
-# Added with the engine adapters: records sealed before have none (a reader sees None).
-ADDED_WITH_ENGINES: Final = frozenset({"server_log_facts", "graph", "speculative",
-                                       "identity_sha256", "source_identity_passed_all_legs"})
-# Added with the seeds' remaining evidence (components, exactness documents, portable
-# manifests, the single-leg treatment): likewise absent from records sealed before.
-ADDED_WITH_EVIDENCE: Final = frozenset({
-    "component_evidence", "all_vs_canonical_teacher", "all_vs_canonical_teacher_sha256",
-    "cross_leg_exactness", "cross_leg_exactness_sha256", "portable_model_manifest",
-    "portable_model_manifest_sha256", "runtime_lock", "runtime_lock_sha256", "treatment",
-    "record_blockers", "source_identity_passed", "model", "unchanged_record_stack",
-    "prefix_history_response_reuse", "bundle", "patch", "prior_recheck"})
-# Added with crash safety (bench.chaos): the stamps' clock, named in the accounting.
-ADDED_WITH_CRASH_SAFETY: Final = frozenset({"clock"})
-# Added with leg gates v2 (rows compared by ids wherever complete): how each leg's
-# teacher-exact rows were compared.
-ADDED_WITH_ID_EXACTNESS: Final = frozenset({"teacher_exact_compared_by"})
-# Added with the noise diagnostic (issue 33): null where a leg carries no covariates.
-ADDED_WITH_NOISE: Final = frozenset({"noise_diagnostic"})
-# Added with sequential designs: records sealed before have neither. The sequential
-# section's bias-adjusted estimate came a day later (issue 32's second pass).
-ADDED_WITH_SEQUENTIAL: Final = frozenset({"sequential", "max_blocks", "estimate_adjusted_ratio",
-                                          "estimate_adjustment"})
-# Added with sweep designs (issue 34): records sealed before have none.
-ADDED_WITH_SWEEP: Final = frozenset({"sweep"})
-
-# The engine-to-noise steps came after the ABBA v1 form was last written: verify still
-# recomputes that form, without them.
-_AFTER_ABBA_V1: Final = (ADDED_WITH_ENGINES | ADDED_WITH_EVIDENCE | ADDED_WITH_CRASH_SAFETY
-                         | ADDED_WITH_ID_EXACTNESS | ADDED_WITH_NOISE)
-# Sections a record of another design leaves out, whichever tokrecord wrote it.
-_DESIGN_SECTIONS: Final = ADDED_WITH_SEQUENTIAL | ADDED_WITH_SWEEP
-
-# A leg's own files (summary.json, rows.json) gained keys over the same steps: verify
-# does not count their absence from a leg sealed earlier as a difference.
-ADDED_TO_LEG_FILES: Final = (
-    ADDED_LATER | _AFTER_ABBA_V1 | ADDED_WITH_SEQUENTIAL | ADDED_WITH_SWEEP
-    | {IDLE_BEFORE, IDLE_AFTER, "exactness", "model_release_manifest"}
-    # rows v2: the ids around held-back ones (a v1 row has no such key)
-    | {"gapped_token_ids"}
-    # issue 33: each leg's covariates
-    | {"covariates"})
+# The forms records are written in today: read as they are.
+CURRENT_RECORD_SCHEMAS: Final = (SCHEMA_ABBA, SCHEMA_SINGLE)
 
 
-def absent_ok(schema_id: object, *, sealed: bool) -> frozenset[str]:
-    """The keys a record of this schema id may lack: those of the steps after its form
-    was last written. `sealed`: a reader's view of evidence sealed by an older tokrecord
-    (every step since its form may be missing); otherwise a record about to be written."""
-    later = _AFTER_ABBA_V1 if schema_id == SCHEMA_ABBA_V1 else frozenset()
-    if sealed:
-        later = _AFTER_ABBA_V1 | (ADDED_LATER if schema_id in _V1_FORMS else later)
-    return later | _DESIGN_SECTIONS
+@dataclass(frozen=True)
+class Upgraded:
+    """A document read as the current form of its kind."""
+
+    obj: JSONObject  # a new object: the stored one is never changed
+    filled: frozenset[KeyPath]  # where the upgrade put None: the stored form lacks the key
+    stored_schema: str  # the schema id as stored
 
 
-def added_to_leg_files(key: str) -> bool:
-    """Whether a leg file sealed earlier may lack this key (see ADDED_TO_LEG_FILES)."""
-    return key in ADDED_TO_LEG_FILES
+def dotted(path: KeyPath) -> str:
+    """A path as verify names fields: keys joined by dots, list items as [i]."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else part
+    return out
+
+
+def _fill(obj: JSONObject, patterns: tuple[_Pattern, ...]) -> tuple[JSONObject, frozenset[KeyPath]]:
+    """A copy of obj with None at every path a pattern names whose parent is there and an
+    object without that key; with the paths filled. Patterns apply in order, so a section
+    filled with None is not descended into by a later pattern. A parent of another shape
+    (hostile or malformed evidence) is left for the validator to name."""
+    out = copy.deepcopy(obj)
+    filled: list[KeyPath] = []
+
+    def walk(node: object, pattern: _Pattern, at: KeyPath) -> None:
+        head, rest = pattern[0], pattern[1:]
+        if not rest:
+            if isinstance(node, dict) and head not in node:
+                node[head] = None
+                filled.append((*at, head))
+            return
+        if head == "*" and isinstance(node, dict):
+            for key, item in node.items():
+                walk(item, rest, (*at, key))
+        elif head == "*" and isinstance(node, list):
+            for index, item in enumerate(node):
+                walk(item, rest, (*at, index))
+        elif isinstance(node, dict) and head in node:
+            walk(node[head], rest, (*at, head))
+
+    for pattern in patterns:
+        walk(out, pattern, ())
+    return out, frozenset(filled)
+
+
+def _paths(*dotted_patterns: str) -> tuple[_Pattern, ...]:
+    return tuple(tuple(p.split(".")) for p in dotted_patterns)
+
+
+# -- records: the keys each older form may lack, where they live ----------------------------
+
+# Added with the probes (idle gates, telemetry, hardware): a v1 record or single-leg record
+# sealed before them has none.
+_PROBES_LEGS: Final = _paths(
+    "operational.legs.*.prestart_idle_seconds", "operational.legs.*.poststop_idle_seconds",
+    "operational.legs.*.prestart_idle_snapshots", "operational.legs.*.poststop_idle_snapshots",
+    "operational.legs.*.idle_passed")
+# Added with the engine adapters, the seeds' remaining evidence (portable manifests, the
+# exactness documents, copies of the source bundles), crash safety (the clock) and leg
+# gates v2 (how rows were compared): in every section both record kinds share.
+_SHARED_LATER: Final = _paths(
+    "metric_accounting.clock",
+    "reproducibility.portable_model_manifest", "reproducibility.portable_model_manifest_sha256",
+    "reproducibility.runtime_lock", "reproducibility.runtime_lock_sha256",
+    "source.sources.*.bundle", "source.sources.*.patch",
+    "artifacts.all_vs_canonical_teacher", "artifacts.all_vs_canonical_teacher_sha256")
+# The same steps in an experiment record's own sections.
+_EXPERIMENT_LATER: Final = _paths(
+    "quality.source_identity_passed_all_legs",
+    "artifacts.cross_leg_exactness", "artifacts.cross_leg_exactness_sha256",
+    "runs.*.identity_sha256", "runs.*.teacher_exact_compared_by")
+
+
+def _upgrade_abba_v1(obj: JSONObject) -> tuple[JSONObject, frozenset[KeyPath]]:
+    """experiment-record/v1: one ABBA block and the paired bootstrap, a design with no
+    later version of itself (v2 is another analysis), so it is read by its own model,
+    complete: the probes' keys where it was sealed before them, and every key added after
+    the form was last written (which its recompute, record.abba, still leaves out)."""
+    return _fill(obj, (
+        *_paths("hardware", "quality.idle_before_and_after_all_legs",
+                "quality.same_hardware_all_legs", "runs.*.telemetry"),
+        *_PROBES_LEGS, *_SHARED_LATER, *_EXPERIMENT_LATER))
+
+
+def _upgrade_abba_v2(obj: JSONObject) -> tuple[JSONObject, frozenset[KeyPath]]:
+    """experiment-record/v2 -> v3: the keys added to v2 without a new id (v2 came after the
+    probes: those it always has). The engine adapters' sections, the seeds' evidence
+    sections, the noise diagnostic (issue 33), the sequential and sweep sections and the
+    protocol's max_blocks and prefix reuse."""
+    upgraded, filled = _fill(obj, (
+        *_SHARED_LATER, *_EXPERIMENT_LATER,
+        *_paths("server_log_facts", "speculative", "component_evidence", "model",
+                "unchanged_record_stack", "prior_recheck", "noise_diagnostic",
+                "protocol.max_blocks", "protocol.prefix_history_response_reuse",
+                # the bias-adjusted estimate came a day after the sequential section
+                "sequential", "sequential.estimate_adjusted_ratio",
+                "sequential.estimate_adjustment",
+                # a sweep's sequential section, left out where the sweep was not sequential
+                "sweep", "sweep.sequential")))
+    return {**upgraded, "schema": SCHEMA_ABBA}, filled
+
+
+def _upgrade_single_v1(obj: JSONObject) -> tuple[JSONObject, frozenset[KeyPath]]:
+    """single-leg-record/v1 -> v2: the probes' keys (hardware, telemetry, the idle gates)
+    where it was sealed before them, and every key added to v1 without a new id."""
+    upgraded, filled = _fill(obj, (
+        *_paths("hardware", "telemetry"), *_PROBES_LEGS, *_SHARED_LATER,
+        *_paths("server_log_facts", "graph", "speculative", "identity_sha256",
+                "source_identity_passed", "record_blockers", "treatment", "model",
+                "component_evidence", "unchanged_record_stack", "prior_recheck",
+                "sha256.exactness", "sha256.model_release_manifest")))
+    return {**upgraded, "schema": SCHEMA_SINGLE}, filled
+
+
+@dataclass(frozen=True)
+class _Step:
+    upgrade: Callable[[JSONObject], tuple[JSONObject, frozenset[KeyPath]]]
+    to: str  # the schema id of the form it yields
+
+
+# One step per older record id. experiment-record/v1 yields itself: see _upgrade_abba_v1.
+_RECORD_STEPS: Final[Mapping[str, _Step]] = {
+    SCHEMA_ABBA_V1: _Step(_upgrade_abba_v1, SCHEMA_ABBA_V1),
+    SCHEMA_ABBA_V2: _Step(_upgrade_abba_v2, SCHEMA_ABBA),
+    SCHEMA_SINGLE_V1: _Step(_upgrade_single_v1, SCHEMA_SINGLE),
+}
+KNOWN_RECORD_SCHEMAS: Final = (*CURRENT_RECORD_SCHEMAS, *_RECORD_STEPS)
+OLDER_RECORD_SCHEMAS: Final = tuple(_RECORD_STEPS)
+
+
+def load_current(obj: Mapping[str, object], source: str) -> Upgraded:
+    """The record as the current form of its kind (experiment-record/v1 as its own complete
+    form), with the paths its upgrades filled. ConfigError naming the file and its 'schema'
+    key when the id is newer than this tokrecord reads, or of no form it knows."""
+    stored = _schema_known_so_far(obj, source)
+    if not isinstance(stored, str) or stored not in KNOWN_RECORD_SCHEMAS:
+        found = "missing" if stored is None else repr(stored)
+        raise ConfigError(f"{source}: key 'schema': {found}; not a record form this tokrecord "
+                          f"reads (it reads {', '.join(map(repr, KNOWN_RECORD_SCHEMAS))})")
+    doc, filled, schema = dict(obj), frozenset[KeyPath](), stored
+    while (step := _RECORD_STEPS.get(schema)) is not None:
+        doc, more = step.upgrade(doc)
+        filled |= more
+        if step.to == schema:  # a form that is its own latest version
+            break
+        schema = step.to
+    return Upgraded(obj=doc, filled=filled, stored_schema=stored)
 
 
 # -- versions -----------------------------------------------------------------------------
@@ -121,21 +220,63 @@ def newer_than_known(schema: object, known: tuple[str, ...]) -> Newer | None:
     return None
 
 
-def check_record_version(obj: Mapping[str, Any], source: str) -> None:
+def check_record_version(obj: Mapping[str, object], source: str) -> None:
     """ConfigError naming the file and its 'schema' key when the record is newer than this
     tokrecord reads: it may hold facts an older reader would silently drop."""
-    newer = newer_than_known(obj.get("schema"), KNOWN_RECORD_SCHEMAS)
+    _schema_known_so_far(obj, source)
+
+
+def check_written_form(obj: Mapping[str, object], source: str) -> str:
+    """The schema id of a record about to be written; ConfigError naming the file and its
+    'schema' key when it is newer than known, or an older form (read, never written)."""
+    stored = _schema_known_so_far(obj, source)
+    if stored in OLDER_RECORD_SCHEMAS:
+        raise ConfigError(
+            f"{source}: key 'schema': {stored!r} is an older form, read but no longer "
+            f"written (a record is written as {' or '.join(map(repr, CURRENT_RECORD_SCHEMAS))})")
+    return str(stored)
+
+
+def _schema_known_so_far(obj: Mapping[str, object], source: str) -> object:
+    """The record's schema id as stored, refused when newer than this tokrecord knows."""
+    stored = obj.get("schema")
+    newer = newer_than_known(stored, KNOWN_RECORD_SCHEMAS)
     if newer is not None:
         raise ConfigError(
             f"{source}: key 'schema': {newer.schema!r} is newer than this tokrecord reads "
             f"(newest known: {newer.newest!r}); upgrade tokrecord to read it")
+    return stored
 
 
 # -- leg evidence -------------------------------------------------------------------------
 
 
-def leg_has_probes(config: Mapping[str, Any]) -> bool:
-    """Whether a leg's config.json was written with the probes (idle gates, telemetry):
-    a leg sealed before them is recomputed without them."""
+# A leg's own files (summary.json, rows.json) gained keys over the same steps: verify
+# does not count their absence from a leg sealed earlier as a difference.
+_LEG_FILE_KEYS_ADDED_LATER: Final = frozenset({
+    "telemetry", "hardware", "idle_before_and_after_all_legs", "same_hardware_all_legs",
+    "prestart_idle_seconds", "poststop_idle_seconds", "prestart_idle_snapshots",
+    "poststop_idle_snapshots", "idle_passed", "server_log_facts", "graph", "speculative",
+    "identity_sha256", "source_identity_passed_all_legs", "component_evidence",
+    "all_vs_canonical_teacher", "all_vs_canonical_teacher_sha256", "cross_leg_exactness",
+    "cross_leg_exactness_sha256", "portable_model_manifest", "portable_model_manifest_sha256",
+    "runtime_lock", "runtime_lock_sha256", "treatment", "record_blockers",
+    "source_identity_passed", "model", "unchanged_record_stack",
+    "prefix_history_response_reuse", "bundle", "patch", "prior_recheck", "clock",
+    "teacher_exact_compared_by", "noise_diagnostic", "sequential", "max_blocks",
+    "estimate_adjusted_ratio", "estimate_adjustment", "sweep", "idle_before", "idle_after",
+    "exactness", "model_release_manifest", "gapped_token_ids", "covariates"})
+
+
+def added_to_leg_files(key: str) -> bool:
+    """Whether a leg file sealed earlier may lack this key."""
+    return key in _LEG_FILE_KEYS_ADDED_LATER
+
+
+def leg_has_probes(config: Mapping[str, object]) -> bool:
+    """Whether a leg's config.json was written with the probes (idle gates, telemetry): a
+    leg sealed before them is recomputed without them. config.json kept its id
+    (leg-config/v1) when the probes came, so the form is told by its marker: the probes
+    added the leg's `idle` section, which every later config has."""
     leg = config.get("leg", {})
     return isinstance(leg, Mapping) and "idle" in leg

@@ -1,9 +1,12 @@
 """The record schema, ``tokrecord.record/v1``: what ``abba_record`` and ``single_leg_record`` write.
 
-Two record forms, told apart by their ``schema`` key:
+Record forms, told apart by their ``schema`` key:
 
-* ``tokrecord.experiment-record/v1`` (``ExperimentRecord``): an ABBA experiment;
-* ``tokrecord.single-leg-record/v1`` (``SingleLegRecord``): one leg against a goal.
+* ``tokrecord.experiment-record/v3`` (``ExperimentRecordV2``, the k-block form): an ABBA,
+  A/A or sweep experiment;
+* ``tokrecord.single-leg-record/v2`` (``SingleLegRecord``): one leg against a goal;
+* ``tokrecord.experiment-record/v1`` (``ExperimentRecord``): one ABBA block, as written
+  before k blocks (only ever recomputed now).
 
 Both may carry the ``seal`` section the CLI adds before sealing. Every other key
 the writer emits is required, even where the reused model (``PairResult``,
@@ -11,9 +14,11 @@ the writer emits is required, even where the reused model (``PairResult``,
 an input with defaults to fill in. Validation is strict, as JSON is: a string is
 not a number and ``1`` is not ``true``.
 
-Readers load a record with ``load_record``: by its schema id, as ``validate_record``
-checks it, except that a v1 record sealed before the probes (idle gates, telemetry,
-hardware) lacks the keys they added (``record.migrate``), which it then reads as None.
+Readers load a record with ``load_record``: ``record.migrate`` upgrades an older form
+(experiment-record/v2, single-leg-record/v1, a v1 sealed before the probes) in memory
+to the current one, with None ("not recorded") where the stored form lacks a key, and the
+model is then checked as strictly as a record being written. The record remembers the id
+as stored (``stored_schema``) and which keys were filled (``recorded``).
 
 ``python -m tokrecord.record.schema`` prints the JSON Schema; the packaged copy
 ``tokrecord/data/record.schema.json`` is that output (a test keeps them equal).
@@ -28,11 +33,11 @@ from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     StringConstraints,
     Tag,
     TypeAdapter,
@@ -61,7 +66,13 @@ from tokrecord.gates import SINGLE_ACTIVE_GENERATION, GateResult, GateStatus
 from tokrecord.metrics import Convention, SpeculativeCounters
 from tokrecord.probes.telemetry import TelemetrySummary
 from tokrecord.record import migrate
-from tokrecord.record.ids import SCHEMA_ABBA, SCHEMA_ABBA_V1, SCHEMA_SINGLE
+from tokrecord.record.ids import (
+    SCHEMA_ABBA,
+    SCHEMA_ABBA_V1,
+    SCHEMA_ABBA_V2,
+    SCHEMA_SINGLE,
+    SCHEMA_SINGLE_V1,
+)
 
 SCHEMA_ID: Final = "tokrecord.record/v1"
 SCHEMA_URL: Final = "https://tokrecord.dev/schemas/tokrecord.record/v1.json"
@@ -92,15 +103,15 @@ EvidenceHashes = dict[EvidenceName, Sha256]
 SingleHashes = dict[EvidenceName | Literal["exactness", "identity", "model_release_manifest",
                                            "runtime_lock"], Sha256 | None]
 
-def _not_null(value: Any) -> Any:
-    if value is None:
-        raise ValueError("either absent (a record sealed before the probes) or a boolean, never null")
-    return value
+
+class _NullOnlyWhereFilled:
+    """Marks a boolean that is None only where record.migrate filled it: a record stored
+    with null there is refused (validate_record checks it, knowing the filled paths)."""
 
 
-# A boolean added with the probes (migrate.ADDED_LATER): None only where a record sealed
-# before the probes lacks it.
-LaterBool = Annotated[bool | None, AfterValidator(_not_null), WithJsonSchema({"type": "boolean"})]
+_NULL_ONLY_WHERE_FILLED: Final = _NullOnlyWhereFilled()
+# A boolean added with the probes: None only where a record sealed before them lacks it.
+LaterBool = Annotated[bool | None, _NULL_ONLY_WHERE_FILLED, WithJsonSchema({"type": "boolean"})]
 
 
 class _Section(BaseModel):
@@ -182,6 +193,20 @@ class Seal(_Section):
 
 class _Record(_Section):
     seal: Seal | None = None  # optional; when present, never null
+    # Set by validate_record from record.migrate: the schema id as stored, and where the
+    # upgrade to the current form filled a key the stored form lacks with None.
+    _stored_schema: str = PrivateAttr(default="")
+    _filled: frozenset[tuple[str | int, ...]] = PrivateAttr(default=frozenset())
+
+    @property
+    def stored_schema(self) -> str:
+        """The schema id record.json stores (an older form reads as the current model)."""
+        return self._stored_schema
+
+    def recorded(self, *path: str | int) -> bool:
+        """Whether the stored record has the key at this path: False where the migration
+        filled it ("not recorded"), so that a reader shows what the record states."""
+        return tuple(path) not in self._filled
 
     @field_validator("seal", mode="before")
     @classmethod
@@ -486,7 +511,7 @@ class ExperimentRecord(_WithoutV2Sections, _ExperimentCommon):
 
 
 
-# -- tokrecord.experiment-record/v2 -------------------------------------------------------
+# -- tokrecord.experiment-record/v3 (v2 read through record.migrate) ----------------------
 
 
 class AbbaProtocolV2(AbbaProtocol):
@@ -606,10 +631,11 @@ class GraphFacts(_Section):
 
 
 class ExperimentRecordV2(_ExperimentCommon):
-    """``tokrecord.experiment-record/v2``: ABBA (or A/A) over k blocks, with the leg-level
-    verdict (``verdict_analysis``) and the preregistered power."""
+    """``tokrecord.experiment-record/v3`` (and v2, upgraded by record.migrate): ABBA (or
+    A/A, or a sweep) over k blocks, with the leg-level verdict (``verdict_analysis``) and
+    the preregistered power."""
 
-    schema_id: Literal["tokrecord.experiment-record/v2"] = Field(alias="schema")
+    schema_id: Literal["tokrecord.experiment-record/v3"] = Field(alias="schema")
     treatment: dict[RecordArmName, Arm]
     protocol: AbbaProtocolV2
     runs: dict[AnyLegName, LegBlock]
@@ -658,7 +684,7 @@ class ExperimentRecordV2(_ExperimentCommon):
         return None
 
 
-# -- tokrecord.single-leg-record/v1 -------------------------------------------------------
+# -- tokrecord.single-leg-record/v2 (v1 read through record.migrate) ----------------------
 
 
 class MetricAccounting(Accounting):
@@ -704,9 +730,10 @@ class SingleArtifacts(_Section):
 
 
 class SingleLegRecord(_WithoutV2Sections, _Record):
-    """``tokrecord.single-leg-record/v1``: one leg of the candidate arm against the plan's goal."""
+    """``tokrecord.single-leg-record/v2`` (and v1, upgraded by record.migrate): one leg of
+    the candidate arm against the plan's goal."""
 
-    schema_id: Literal["tokrecord.single-leg-record/v1"] = Field(alias="schema")
+    schema_id: Literal["tokrecord.single-leg-record/v2"] = Field(alias="schema")
     date: Date
     status: Literal["record_pass", "no_record"]
     plan_sha256: Sha256
@@ -793,27 +820,37 @@ _OPTIONAL_KEYS: Final = frozenset({"seal"})  # of the record models only
 
 
 def validate_record(obj: Mapping[str, Any], *, source: str = "record",
-                    sealed_before_probes_ok: bool = False) -> AnyRecord:
+                    older_form_ok: bool = False) -> AnyRecord:
     """The record as a model; ConfigError naming the first bad key path when it is not one.
-    With sealed_before_probes_ok (a reader's view of old evidence), a record may lack the
-    keys added after its form was sealed (record.migrate); a record to be written must
-    have them all. A schema id newer than this tokrecord knows is refused (migrate)."""
+    Every key is required (the seal excepted). A record to be written must be in a current
+    form (record.ids); with older_form_ok (a reader's view of sealed evidence), an older
+    form is first upgraded in memory by record.migrate, which fills the keys it lacks with
+    None, and is then held to the same rule. A schema id newer than this tokrecord knows,
+    or of no form it knows, is refused (migrate)."""
     try:
-        text = json.dumps(dict(obj), allow_nan=False)
+        json.dumps(dict(obj), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: not a JSON document: {exc}") from exc
-    migrate.check_record_version(obj, source)
+    if older_form_ok:
+        upgraded = migrate.load_current(obj, source)
+    else:
+        upgraded = migrate.Upgraded(obj=dict(obj), filled=frozenset(),
+                                    stored_schema=migrate.check_written_form(obj, source))
     try:
-        record = RECORD_ADAPTER.validate_json(text, strict=True)
+        record = RECORD_ADAPTER.validate_json(json.dumps(upgraded.obj), strict=True)
     except ValidationError as exc:
-        raise ConfigError(_describe(source, obj, exc.errors())) from exc
-    # Which keys an older form may lack is the migration table's to say.
-    later = migrate.absent_ok(record.schema_id, sealed=sealed_before_probes_ok)
-    missing = _first_unset(record, (), later)
+        raise ConfigError(_describe(source, upgraded.obj, exc.errors())) from exc
+    missing = _first_unset(record, ())
     if missing is not None:
         raise ConfigError(f"{source}: key '{_dotted(missing)}': Field required")
+    null = _first_null_not_filled(record, (), upgraded.filled)
+    if null is not None:
+        raise ConfigError(f"{source}: key '{_dotted(null)}': Value error, either absent (a "
+                          "record sealed before the probes) or a boolean, never null")
     if isinstance(record, ExperimentRecordV2):
         _check_design(record, source)
+    record._stored_schema = upgraded.stored_schema
+    record._filled = upgraded.filled
     return record
 
 
@@ -823,7 +860,7 @@ def load_record(path: Path) -> AnyRecord:
     obj = read_json(path, ConfigError)
     if not isinstance(obj, Mapping):
         raise ConfigError(f"{path}: not a record")
-    return validate_record(obj, source=str(path), sealed_before_probes_ok=True)
+    return validate_record(obj, source=str(path), older_form_ok=True)
 
 
 def _check_design(record: ExperimentRecordV2, source: str) -> None:
@@ -874,32 +911,59 @@ def _data_path(obj: Any, loc: Sequence[int | str]) -> tuple[int | str, ...]:
     return tuple(path)
 
 
-def _first_unset(value: Any, path: tuple[int | str, ...],
-                 later: frozenset[str]) -> tuple[int | str, ...] | None:
+def _first_unset(value: Any, path: tuple[int | str, ...]) -> tuple[int | str, ...] | None:
     """The first key a model filled from a default: the writer always emits it, so a record
-    without it is not one tokrecord wrote (keys in later excepted: see record.migrate)."""
+    without it is not one tokrecord wrote (an older form lacking it was filled with None
+    by record.migrate before validation)."""
     if isinstance(value, BaseModel):
         optional = _OPTIONAL_KEYS if isinstance(value, _RECORD_MODELS) else frozenset()
         for name, field in type(value).model_fields.items():
             key = field.alias or name
             if name not in value.model_fields_set:
-                if name in optional or name in later:
+                if name in optional:
                     continue
                 return (*path, key)
-            found = _first_unset(getattr(value, name), (*path, key), later)
+            found = _first_unset(getattr(value, name), (*path, key))
             if found is not None:
                 return found
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            found = _first_unset(item, (*path, key), later)
-            if found is not None:
-                return found
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            found = _first_unset(item, (*path, index), later)
+    else:
+        for sub, item in _children(value, path):
+            found = _first_unset(item, sub)
             if found is not None:
                 return found
     return None
+
+
+def _first_null_not_filled(value: Any, path: tuple[int | str, ...],
+                           filled: frozenset[tuple[str | int, ...]]
+                           ) -> tuple[int | str, ...] | None:
+    """The first boolean marked null-only-where-filled (LaterBool) that the stored record
+    has as null: absent is "not recorded", null is no value tokrecord writes."""
+    if isinstance(value, BaseModel):
+        for name, field in type(value).model_fields.items():
+            key = field.alias or name
+            item = getattr(value, name)
+            if (item is None and _NULL_ONLY_WHERE_FILLED in field.metadata
+                    and (*path, key) not in filled):
+                return (*path, key)
+            found = _first_null_not_filled(item, (*path, key), filled)
+            if found is not None:
+                return found
+    else:
+        for sub, item in _children(value, path):
+            found = _first_null_not_filled(item, sub, filled)
+            if found is not None:
+                return found
+    return None
+
+
+def _children(value: Any, path: tuple[int | str, ...]
+              ) -> list[tuple[tuple[int | str, ...], Any]]:
+    if isinstance(value, Mapping):
+        return [((*path, key), item) for key, item in value.items()]
+    if isinstance(value, list | tuple):
+        return [((*path, index), item) for index, item in enumerate(value)]
+    return []
 
 
 def _dotted(path: Sequence[int | str]) -> str:
@@ -932,9 +996,11 @@ def record_json_schema() -> dict[str, Any]:
         "$schema": JSON_SCHEMA_DIALECT,
         "$id": SCHEMA_URL,
         "title": SCHEMA_ID,
-        "description": "A tokrecord record: an ABBA experiment record "
+        "description": "A tokrecord record: an experiment record "
         f"({SCHEMA_ABBA}, or {SCHEMA_ABBA_V1} as written before k blocks) or a single-leg "
-        f"record ({SCHEMA_SINGLE}), told apart by 'schema'.",
+        f"record ({SCHEMA_SINGLE}), told apart by 'schema'. Older forms "
+        f"({SCHEMA_ABBA_V2}, {SCHEMA_SINGLE_V1}) are read by tokrecord after an upgrade in "
+        "memory, never written.",
         **generated,
         "$defs": defs,
     }

@@ -1,4 +1,4 @@
-"""The single-leg record (``tokrecord.single-leg-record/v1``), built as its model
+"""The single-leg record (``tokrecord.single-leg-record/v2``), built as its model
 (record.schema.SingleLegRecord): mypy checks every section's fields when it is built,
 instead of validation finding a misspelt key when the record is written.
 

@@ -57,7 +57,7 @@ from tokrecord.metrics import parse_counters, row_metrics
 from tokrecord.probes.idle import IdleResult
 from tokrecord.probes.telemetry import TelemetrySummary, read_samples
 from tokrecord.record.build import build_record
-from tokrecord.record.migrate import added_to_leg_files, leg_has_probes
+from tokrecord.record.migrate import added_to_leg_files, dotted, leg_has_probes, load_current
 from tokrecord.server.process import CleanupReport
 from tokrecord.suite import Suite, parse_suite
 
@@ -73,27 +73,32 @@ def _rel(path: Path, base: Path) -> str:
         return str(path)
 
 
-def diff(found: Any, expected: Any, field: str = "") -> list[tuple[str, str]]:
-    """(field, message) for every leaf where the recorded and recomputed values differ."""
+def diff(found: Any, expected: Any, field: str = "",
+         not_recorded: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """(field, message) for every leaf where the recorded and recomputed values differ.
+    `not_recorded`: the fields record.migrate filled with None because the stored form
+    lacks them (evidence sealed before the key existed): not differences."""
     out: list[tuple[str, str]] = []
     if isinstance(found, Mapping) and isinstance(expected, Mapping):
         for key in sorted(set(found) | set(expected)):
             if key in _VOLATILE:
                 continue
             sub = f"{field}.{key}" if field else str(key)
+            if sub in not_recorded:
+                continue
             if key not in found:
-                if not added_to_leg_files(key):  # evidence sealed before the key existed
+                if not added_to_leg_files(key):  # a leg file sealed before the key existed
                     out.append((sub, "missing from the file"))
             elif key not in expected:
                 out.append((sub, "not produced by recomputation"))
             else:
-                out.extend(diff(found[key], expected[key], sub))
+                out.extend(diff(found[key], expected[key], sub, not_recorded))
         return out
     if isinstance(found, list) and isinstance(expected, list):
         if len(found) != len(expected):
             return [(field, f"recorded {len(found)} items, recomputed {len(expected)}")]
         for i, (a, b) in enumerate(zip(found, expected, strict=True)):
-            out.extend(diff(a, b, f"{field}[{i}]"))
+            out.extend(diff(a, b, f"{field}[{i}]", not_recorded))
         return out
     # Values came from evidence: shown only as bounded, escaped excerpts.
     if isinstance(found, float) and isinstance(expected, float):
@@ -500,11 +505,15 @@ def _verify_experiment(exp_dir: Path) -> list[Problem]:
         return problems
     # Design order, as when run.
     ordered = {name: results[name] for name, _ in plan.legs if name in expected}
-    # Recomputed in the form the record was written in: a v1 record by the v1 verdict.
-    recomputed = build_record(plan, exp_dir, ordered, schema=recorded.get("schema"),
+    # The record read as the current form of its kind (record.migrate); the keys its stored
+    # form lacks are not differences.
+    current = load_current(recorded, layout.RECORD)
+    # Recomputed in that form: a v1 record by the v1 verdict.
+    recomputed = build_record(plan, exp_dir, ordered, schema=current.obj["schema"],
                               sweep_method=_recorded_sweep_method(recorded))
     recomputed = json.loads(json.dumps(recomputed))  # the same JSON types as the file
-    for field, message in diff(recorded, recomputed):
+    for field, message in diff(current.obj, recomputed,
+                               not_recorded=frozenset(map(dotted, current.filled))):
         problems.append(Problem(file=layout.RECORD, field=field, message=message))
     return problems
 

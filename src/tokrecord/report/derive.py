@@ -529,10 +529,10 @@ def _record_gate_single(record: SingleLegRecord, leg: LegView) -> RecordGate:
 
 def _quality(record: AbbaRecord) -> tuple[tuple[Fact, ...], tuple[GateView, ...]]:
     """The experiment's quality keys in record.json's order (sorted: it is canonical JSON),
-    those a record sealed before the probes lacks left out; its gates apart."""
+    those the stored record lacks (record.migrate filled them) left out; its gates apart."""
     q = record.quality
     facts, gates = [], []
-    for key in sorted(q.model_fields_set):
+    for key in sorted(k for k in q.model_fields_set if record.recorded("quality", k)):
         value = getattr(q, key)
         if isinstance(value, GateResult):
             gates.append(_gate_view(value))
@@ -616,7 +616,7 @@ def identity_experiment(ident: Identity | None, record: AnyRecord,
     facts += _environment_facts(ident, summary)
     if summary is not None:
         facts.append(Fact(label="identity.json sha256", value=summary.identity_sha256))
-    facts.append(Fact(label="record schema", value=record.schema_id))
+    facts.append(Fact(label="record schema", value=record.stored_schema))
     return tuple(facts) + tuple(seal)
 
 

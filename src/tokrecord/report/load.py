@@ -133,7 +133,7 @@ def _load_record(path: Path) -> AnyRecord:
     obj = _read_json(path)
     if not isinstance(obj, dict):
         raise ConfigError(f"{path}: not a record")
-    return validate_record(obj, source=str(path), sealed_before_probes_ok=True)
+    return validate_record(obj, source=str(path), older_form_ok=True)
 
 
 # --------------------------------------------------------------------------- one leg

@@ -29,7 +29,7 @@ class Kind(StrEnum):
     # An ABBA or A/A experiment: record.json of tokrecord.experiment-record/v1 or /v2
     # (ReportData.design tells A/A apart).
     ABBA = "abba"
-    SINGLE = "single"  # a single-design experiment: tokrecord.single-leg-record/v1
+    SINGLE = "single"  # a single-design experiment: tokrecord.single-leg-record/v2 (or v1)
     LEG = "leg"  # one sealed leg directory (summary.json, no record)
 
 
@@ -347,7 +347,7 @@ class ReportData(_Frozen):
     verdict: str
     headline: Headline
     bootstrap: Bootstrap | None = None  # experiment-record/v1
-    analysis: Analysis | None = None  # experiment-record/v2
+    analysis: Analysis | None = None  # experiment-record/v2 and v3
     power: Power | None = None  # v2, when the plan declared min_effect_pct
     design: str | None = None  # v2: "abba" or "aa" (None: v1 or not an experiment record)
     blocks: int | None = None  # v2
