@@ -13,6 +13,7 @@ import pytest
 
 from paths import ROOT
 from tokrecord.errors import ConfigError
+from tokrecord.experiment.leg import SCHEMA_ROWS, SCHEMA_ROWS_V1
 from tokrecord.record import migrate
 from tokrecord.record.ids import (
     SCHEMA_ABBA,
@@ -156,6 +157,19 @@ def test_a_current_form_is_read_as_it_is() -> None:
     assert up.obj == doc and up.filled == frozenset() and up.stored_schema == SCHEMA_SINGLE
 
 
+def test_rows_v1_fill_gapped_ids_on_every_row() -> None:
+    old = {"schema": SCHEMA_ROWS_V1, "rows": [{"trace": {"row": 0}},
+                                              {"trace": {"row": 1, "gapped_token_ids": None}}]}
+    up = migrate.load_current_rows(old)
+    assert up is not None and up.obj["schema"] == SCHEMA_ROWS
+    assert up.filled == {("rows", 0, "trace", "gapped_token_ids")}
+    assert migrate.dotted(("rows", 0, "trace", "gapped_token_ids")) == "rows[0].trace.gapped_token_ids"
+    assert "gapped_token_ids" not in old["rows"][0]["trace"]  # type: ignore[index]
+    current = {"schema": SCHEMA_ROWS, "rows": []}
+    assert migrate.load_current_rows(current) == migrate.Upgraded(current, frozenset(), SCHEMA_ROWS)
+    assert migrate.load_current_rows(["not", "an", "object"]) is None
+
+
 def test_a_hostile_shape_is_left_for_the_validator() -> None:
     # A section of the wrong type is not descended into: the schema names it afterwards.
     up = migrate.load_current({"schema": SCHEMA_ABBA_V2, "runs": ["A1"], "quality": 3}, "h")
@@ -167,6 +181,13 @@ def _at(obj: Any, path: tuple[str | int, ...]) -> Any:
     for key in path:
         obj = obj[key]
     return obj
+
+
+def test_older_summary_forms_told_by_their_marker() -> None:
+    assert migrate.summary_has_covariates({"covariates": None})
+    assert not migrate.summary_has_covariates({"summary": {}})
+    assert migrate.summary_has_log_facts({"log_facts": []})
+    assert not migrate.summary_has_log_facts({"summary": {}})
 
 
 def test_leg_probes_told_by_its_config() -> None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from tokrecord.errors import ConfigError
+from tokrecord.experiment.leg import SCHEMA_ROWS, SCHEMA_ROWS_V1
 from tokrecord.jsontypes import JSONObject
 from tokrecord.record.ids import (
     SCHEMA_ABBA,
@@ -251,26 +252,39 @@ def _schema_known_so_far(obj: Mapping[str, object], source: str) -> object:
 # -- leg evidence -------------------------------------------------------------------------
 
 
-# A leg's own files (summary.json, rows.json) gained keys over the same steps: verify
-# does not count their absence from a leg sealed earlier as a difference.
-_LEG_FILE_KEYS_ADDED_LATER: Final = frozenset({
-    "telemetry", "hardware", "idle_before_and_after_all_legs", "same_hardware_all_legs",
-    "prestart_idle_seconds", "poststop_idle_seconds", "prestart_idle_snapshots",
-    "poststop_idle_snapshots", "idle_passed", "server_log_facts", "graph", "speculative",
-    "identity_sha256", "source_identity_passed_all_legs", "component_evidence",
-    "all_vs_canonical_teacher", "all_vs_canonical_teacher_sha256", "cross_leg_exactness",
-    "cross_leg_exactness_sha256", "portable_model_manifest", "portable_model_manifest_sha256",
-    "runtime_lock", "runtime_lock_sha256", "treatment", "record_blockers",
-    "source_identity_passed", "model", "unchanged_record_stack",
-    "prefix_history_response_reuse", "bundle", "patch", "prior_recheck", "clock",
-    "teacher_exact_compared_by", "noise_diagnostic", "sequential", "max_blocks",
-    "estimate_adjusted_ratio", "estimate_adjustment", "sweep", "idle_before", "idle_after",
-    "exactness", "model_release_manifest", "gapped_token_ids", "covariates"})
+def _upgrade_rows_v1(obj: JSONObject) -> tuple[JSONObject, frozenset[KeyPath]]:
+    """leg-rows/v1 -> v2: v2 rows keep the ids a server gave around the ones it held back
+    (gapped_token_ids); a v1 row has no such key."""
+    upgraded, filled = _fill(obj, _paths("rows.*.trace.gapped_token_ids"))
+    return {**upgraded, "schema": SCHEMA_ROWS}, filled
 
 
-def added_to_leg_files(key: str) -> bool:
-    """Whether a leg file sealed earlier may lack this key."""
-    return key in _LEG_FILE_KEYS_ADDED_LATER
+def load_current_rows(obj: object) -> Upgraded | None:
+    """A leg's rows.json as the current rows form, with the paths filled; None where it is
+    not an object with a schema id (verify names what is wrong with it). The teacher-exact
+    rule stays the stored form's (experiment.leg.gates_rule)."""
+    if not isinstance(obj, dict) or not isinstance(stored := obj.get("schema"), str):
+        return None
+    if stored == SCHEMA_ROWS_V1:
+        doc, filled = _upgrade_rows_v1(obj)
+        return Upgraded(obj=doc, filled=filled, stored_schema=stored)
+    return Upgraded(obj=obj, filled=frozenset(), stored_schema=stored)
+
+
+# summary.json kept its id (leg-summary/v1) as sections were added: each older form is told
+# by the section it lacks, and verify derives that section again only where it is there.
+
+
+def summary_has_covariates(summary: Mapping[str, object]) -> bool:
+    """Whether a leg's summary.json was written after issue 33 (each leg's covariates):
+    an earlier one has no `covariates` section to compare."""
+    return "covariates" in summary
+
+
+def summary_has_log_facts(summary: Mapping[str, object]) -> bool:
+    """Whether a leg's summary.json was written with log facts: an earlier one has no
+    `log_facts` section to compare."""
+    return "log_facts" in summary
 
 
 def leg_has_probes(config: Mapping[str, object]) -> bool:

@@ -57,7 +57,14 @@ from tokrecord.metrics import parse_counters, row_metrics
 from tokrecord.probes.idle import IdleResult
 from tokrecord.probes.telemetry import TelemetrySummary, read_samples
 from tokrecord.record.build import build_record
-from tokrecord.record.migrate import added_to_leg_files, dotted, leg_has_probes, load_current
+from tokrecord.record.migrate import (
+    dotted,
+    leg_has_probes,
+    load_current,
+    load_current_rows,
+    summary_has_covariates,
+    summary_has_log_facts,
+)
 from tokrecord.server.process import CleanupReport
 from tokrecord.suite import Suite, parse_suite
 
@@ -87,8 +94,7 @@ def diff(found: Any, expected: Any, field: str = "",
             if sub in not_recorded:
                 continue
             if key not in found:
-                if not added_to_leg_files(key):  # a leg file sealed before the key existed
-                    out.append((sub, "missing from the file"))
+                out.append((sub, "missing from the file"))
             elif key not in expected:
                 out.append((sub, "not produced by recomputation"))
             else:
@@ -242,8 +248,13 @@ def _replay_rows(run_dir: Path, base: Path, config: LegConfig, rows_raw: Any,
                                     field=f"row {i}", message=str(exc)))
             return None
     rows_file = _rel(run_dir / layout.ROWS, base)
-    for field, message in diff(rows_raw.get("rows"), [r.model_dump(mode="json") for r in records],
-                               "rows"):
+    # An older rows form, read as the current one (record.migrate): a key it lacks is no
+    # difference.
+    current = load_current_rows(rows_raw)
+    rows_doc = current.obj if current is not None else rows_raw
+    not_recorded = frozenset(map(dotted, current.filled)) if current is not None else frozenset()
+    for field, message in diff(rows_doc.get("rows"), [r.model_dump(mode="json") for r in records],
+                               "rows", not_recorded):
         problems.append(Problem(file=rows_file, field=field, message=message))
     return records, events
 
@@ -282,7 +293,7 @@ def _derive_again(run_dir: Path, base: Path, config: LegConfig, records: list[Ro
         teacher=load_teacher(teacher_path) if teacher_path.exists() else None, idle=idle,
         # a summary written before issue 33 has no covariates to compare
         idle_before_snapshots=idle_snapshots(run_dir / layout.IDLE_BEFORE)
-        if "covariates" in summary_raw else None,
+        if summary_has_covariates(summary_raw) else None,
         ready_seconds=summary_raw.get("ready_seconds"),
         earlier_attempts=earlier_attempts(run_dir), probes=probes,
         # Gates are recomputed by the rule and version they were sealed with.
@@ -321,7 +332,7 @@ def _compare_summary(summary_raw: Any, derived: LegDerived, idle: dict[str, Idle
         for field, message in diff(summary_raw["covariates"],
                                    covariates.model_dump(mode="json", by_alias=True), "covariates"):
             problems.append(Problem(file=summary_file, field=field, message=message))
-    if "log_facts" in summary_raw:  # a summary written before log facts has none
+    if summary_has_log_facts(summary_raw):
         recorded_names = {f.get("name") for f in summary_raw["log_facts"]}
         # An engine default added after the leg ran is not in its evidence and is not a
         # difference; every fact the plan itself declared must be there.
