@@ -1,6 +1,6 @@
 """A fake-server plan for experiment tests: a short suite, rates set per arm.
 
-The suite is short (5 rows of 150 tokens: the headline window of tokens 1..100 is
+The suite is short (5 rows of 110 tokens: the headline window of tokens 1..100 is
 full) so a leg takes about a second. Every plan captures its teacher, so every leg
 can be valid.
 """
@@ -33,16 +33,16 @@ IDLE_GAP_S = 0.01
 
 
 SUITE_ROWS = 5
-MAX_TOKENS = 150
+MAX_TOKENS = 110
 TOPICS = ("a least-recently-used cache with expiry", "binary search over rotated arrays",
           "merging overlapping calendar intervals", "a token bucket rate limiter",
           "streaming median of integers")
 
 
-def suite_jsonl() -> str:
+def suite_jsonl(max_tokens: int = MAX_TOKENS) -> str:
     return "".join(
         json.dumps({"id": f"row-{i}", "prompt": f"Write Python code for {topic}, then explain "
-                    f"its complexity (case {i}).", "max_tokens": MAX_TOKENS}) + "\n"
+                    f"its complexity (case {i}).", "max_tokens": max_tokens}) + "\n"
         for i, topic in enumerate(TOPICS))
 
 
@@ -77,9 +77,9 @@ def plan_toml(name: str, *, design: str = "abba", control: float | None = 1000,
     return "\n".join(lines) + "\n"
 
 
-def write_plan(directory: Path, text: str) -> tuple[Path, Plan]:
+def write_plan(directory: Path, text: str, max_tokens: int = MAX_TOKENS) -> tuple[Path, Plan]:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "suite.jsonl").write_text(suite_jsonl())
+    (directory / "suite.jsonl").write_text(suite_jsonl(max_tokens))
     path = directory / "plan.toml"
     path.write_text(text)
     return path, load_plan(path)

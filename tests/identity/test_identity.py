@@ -395,6 +395,59 @@ def test_runtime_lock_of_an_interpreter() -> None:
     assert lock == runtime_lock_current()
 
 
+def _install(site: Path, name: str, version: str) -> Path:
+    """A distribution as pip leaves it: a <name>-<version>.dist-info with its METADATA."""
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return info
+
+
+def test_the_reused_lock_sees_an_install_a_removal_and_a_rewrite(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The lock read last is reused while its path is unchanged (identity.pyenv): every
+    # change a leg's lock must show still shows, in the harness's lock and an engine's.
+    python = Path(sys.executable)
+    runtime_lock(python), runtime_lock(python)  # a lock to reuse, taken before the path moved
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", str(site))  # the engine interpreter's path too
+
+    moments = iter(range(1, 100))
+
+    def changed(*paths: Path) -> None:
+        # Seconds apart, as a pip install between two legs is: importlib.metadata itself
+        # caches a directory's listing by its mtime, and two changes inside one clock tick
+        # of the filesystem would read as one there. Only what the change touched moves.
+        stamp = 1_700_000_000 + next(moments)
+        for path in paths:
+            os.utime(path, (stamp, stamp))
+
+    def locks() -> tuple[str | None, str | None]:
+        return (runtime_lock_current().get("tokrecord-probe-dist"),
+                runtime_lock(python).get("tokrecord-probe-dist"))
+
+    assert locks() == (None, None)
+    assert locks() == (None, None)  # reused now: the engine's path is known
+    info = _install(site, "tokrecord_probe_dist", "1.0")
+    changed(site, info, info / "METADATA")
+    assert locks() == ("1.0", "1.0")
+    assert locks() == ("1.0", "1.0")
+    # Rewritten in place, the directory kept (no pip does this, but a hand edit might).
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: tokrecord_probe_dist\nVersion: 1.0.post1\n")
+    changed(info / "METADATA")
+    assert locks() == ("1.0.post1", "1.0.post1")
+    shutil.rmtree(info)
+    info = _install(site, "tokrecord_probe_dist", "2.0")  # an upgrade: a new directory
+    changed(site, info, info / "METADATA")
+    assert locks() == ("2.0", "2.0")
+    shutil.rmtree(info)
+    changed(site)
+    assert locks() == (None, None)
+
+
 def test_runtime_lock_bad_interpreter(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot run"):
         runtime_lock(tmp_path / "no-python")

@@ -22,12 +22,13 @@ import pytest
 from test_submit_flow import KEY, OPTS, addendum, posts, standin
 
 from cli_support import cli_in_process
-from plan_support import FAKE_ARGV, SLEEPING_FAKE, SUITE_ROWS, plan_toml, write_plan
+from plan_support import FAKE_ARGV, MAX_TOKENS, SLEEPING_FAKE, SUITE_ROWS, plan_toml, write_plan
 from tokrecord.evidence import read_jsonl
 from tokrecord.evidence.seal import parse_manifest, signer_fingerprint
 from tokrecord.experiment.runner import run_experiment
 from tokrecord.record.build import build_record, finish
 from tokrecord.report import load_report, render_markdown
+from tokrecord.submit.contract import OUTPUT_SAMPLE_MAX
 from tokrecord.submit.facts import SubmitError, load_facts
 from tokrecord.submit.flow import Bounds, WaitPolicy, check, dry_run, send
 from tokrecord.submit.ledger import Ledger
@@ -35,11 +36,12 @@ from tokrecord.submit.localmaxxing import LocalMaxxing
 from tokrecord.submit.target import ApiKey
 
 
-def _seal(root: Path, name: str, dialect: str | None, rows: int = SUITE_ROWS) -> Path:
+def _seal(root: Path, name: str, dialect: str | None, rows: int = SUITE_ROWS,
+          max_tokens: int = MAX_TOKENS) -> Path:
     text = plan_toml(name, control=1000, candidate=1050, rows=rows, idle=0)
     if dialect is not None:
         text = text.replace(json.dumps(FAKE_ARGV), json.dumps([*FAKE_ARGV, "--dialect", dialect]))
-    path, plan = write_plan(root, text)
+    path, plan = write_plan(root, text, max_tokens)
     exp = root / "exp"
     finish(exp, build_record(plan, exp, run_experiment(plan, exp, plan_text=path.read_bytes())))
     return exp
@@ -47,7 +49,10 @@ def _seal(root: Path, name: str, dialect: str | None, rows: int = SUITE_ROWS) ->
 
 @pytest.fixture(scope="module")
 def sealed_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _seal(tmp_path_factory.mktemp("llama-record"), "verified-llama", "llama.cpp")
+    # Rows of 150 tokens: their outputs, as the JSON array the payload samples, run past the
+    # 4000 characters kept, so the sample is cut to head and tail end to end.
+    return _seal(tmp_path_factory.mktemp("llama-record"), "verified-llama", "llama.cpp",
+                 max_tokens=150)
 
 
 @pytest.fixture
@@ -94,9 +99,10 @@ def test_verified_run_evidence_comes_from_the_sealed_record(record: Path, tmp_pa
         result = dry_run(record, LocalMaxxing(s.url), OPTS, key=ApiKey(KEY, "$K"))
     p = result.prepared.built.payload
     assert p["engineTimingsRaw"]["rows"] == expected and p["engineTimingsRaw"]["leg"] == facts.leg
-    assert expected[0]["timings"]["predicted_n"] == 150  # the fake's schedule: 150 tokens a row
+    assert expected[0]["timings"]["predicted_n"] == 150  # the fake's schedule: a whole row
     texts = [r["trace"]["text"] for r in json.loads((leg_dir / "rows.json").read_text())["rows"]]
     sample = json.dumps(texts, separators=(",", ":"))
+    assert len(sample) > OUTPUT_SAMPLE_MAX
     assert p["outputSample"] == sample[:2997] + "\n…\n" + sample[-1000:]
     assert p["engineBuild"] == "b0-fake"  # the fake llama-server's /props build_info
     assert p["engineFlags"]["concurrency"] == 1 and p["batchSize"] == 1
@@ -113,8 +119,10 @@ def test_dry_run_issues_then_send_verified(record: Path, tmp_path: Path, ledger:
         target = LocalMaxxing(s.url)
         bad = dry_run(vllm, target, OPTS, key=ApiKey(KEY, "$K"))
         assert bad.valid and bad.unverified and bad.verification is not None
-        assert bad.verification.issues == ("engineTimingsRaw missing", "outputTokens 150 below 256")
-        refused = "calls this run unverified \\(engineTimingsRaw missing; outputTokens 150 below 256\\)"
+        assert bad.verification.issues == ("engineTimingsRaw missing",
+                                           f"outputTokens {MAX_TOKENS} below 256")
+        refused = ("calls this run unverified \\(engineTimingsRaw missing; "
+                   f"outputTokens {MAX_TOKENS} below 256\\)")
         with pytest.raises(SubmitError, match=refused):
             send(vllm, target, OPTS, ApiKey(KEY, "$K"), ledger=ledger)
         assert posts(s.log, "/api/speed-tests") == []

@@ -33,7 +33,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
-from scipy import integrate
+from scipy import integrate, special
 from scipy import stats as sps
 
 from tokrecord.experiment.plan import Criteria, VerdictSpec
@@ -384,25 +384,41 @@ def power(effect_pct: float, noise: Noise, rows: int, blocks: int, confidence: f
     """P(verdict FASTER) for a true effect, under the analysis' own model: the effect
     estimate is normal with sd sigma/sqrt(k), sigma^2 is estimated on 3k-1 df, and FASTER
     needs the interval above 1 and not inside the equivalence band."""
+    return _power(effect_pct, leg_sd_pct(noise, rows), blocks, confidence, equivalence_pct)
+
+
+_LOG_2: Final = float(np.log(2))
+
+
+@lru_cache(maxsize=4096)
+def _power(effect_pct: float, sd_pct: float, blocks: int, confidence: float,
+           equivalence_pct: float) -> float:
+    # Cached: a plan's power table, blocks_for_power's search and the planner's designs ask
+    # the same points again. The integrand calls scipy.special directly, with the formulas
+    # scipy.stats' norm.sf and chi2.pdf evaluate (same values to the bit), without their
+    # per-call argument handling, which was most of the cost.
     df = abba_df(blocks)
     if df < MIN_LEG_DF:
         return 0.0
-    sigma = leg_sd_pct(noise, rows) / 100
+    sigma = sd_pct / 100
     delta = math.log1p(effect_pct / 100)
     band = math.log1p(equivalence_pct / 100)
     t = float(sps.t.ppf(0.5 + confidence / 2, df))
     scale = 1 / math.sqrt(blocks)  # se = s * scale; a balanced design
     if sigma == 0:
         return 1.0 if delta > band else 0.0
+    gammaln_half_df = float(special.gammaln(df / 2.0))
 
     def given(u: float) -> float:
         # u = s/sigma with df*u^2 ~ chi2(df); FASTER iff tau_hat > max(t se, band - t se)
         se_hat = sigma * u * scale
         need = max(t * se_hat, band - t * se_hat)
-        return float(sps.norm.sf((need - delta) / (sigma * scale)))
+        return float(special.ndtr(-((need - delta) / (sigma * scale))))
 
     def density(u: float) -> float:
-        return float(sps.chi2.pdf(df * u * u, df) * 2 * df * u)
+        x = df * u * u
+        log_pdf = special.xlogy(df / 2.0 - 1, x) - x / 2.0 - gammaln_half_df - (_LOG_2 * df) / 2.0
+        return float(np.exp(log_pdf) * 2 * df * u)
 
     value = float(integrate.quad(lambda u: given(u) * density(u), 0, np.inf, limit=200)[0])
     return min(max(value, 0.0), 1.0)

@@ -7,12 +7,16 @@ read in-process with the same rules.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
+import os
 import re
 import subprocess
+import sys
 import sysconfig
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -33,13 +37,16 @@ sys.path[:] = [p for p in sys.path if p != ""]
 from importlib import metadata
 out = {}
 for dist in metadata.distributions():
-    name = dist.metadata["Name"]
+    meta = dist.metadata
+    name = meta["Name"]
     if not name:
         continue
     key = re.sub(r"[-_.]+", "-", name).lower()
     if key not in out:
-        out[key] = dist.version
-print(json.dumps(out))
+        out[key] = meta["Version"]
+import site
+# The user site is on the path only once it exists: its creation changes the path.
+print(json.dumps({"path": sys.path, "watch": sys.path + [site.getusersitepackages()], "lock": out}))
 """
 
 _SITE_SCRIPT = """
@@ -88,29 +95,101 @@ def current_lib_dirs() -> tuple[Path, ...]:
 
 
 def _lock(dists: Iterable[metadata.Distribution]) -> dict[str, str]:
-    # Same rules as _LOCK_SCRIPT: first of a name wins, nameless metadata skipped.
+    # Same rules as _LOCK_SCRIPT: first of a name wins, nameless metadata skipped. The
+    # metadata is parsed once per distribution (`dist.version` would parse it again).
     out: dict[str, str] = {}
     for dist in dists:
-        name = dist.metadata["Name"]
+        meta = dist.metadata
+        name = meta["Name"]
         if not name:
             continue
-        out.setdefault(normalize_name(name), dist.version)
+        out.setdefault(normalize_name(name), meta["Version"])
     return dict(sorted(out.items()))
+
+
+# A lock is taken again before every leg (a package installed mid-experiment must show),
+# and reading every distribution's metadata costs about 0.1 s of CPU per environment. The
+# lock read last is reused while nothing it came from can have changed: the stamp below
+# covers every directory on the interpreter's path (adding or removing an entry changes a
+# directory's mtime) and every *.dist-info / *.egg-info / *.egg in it, with its metadata file
+# (pip replaces a distribution's directory on every install, even of the same version).
+_Stamp = tuple[tuple[object, ...], ...]
+_METADATA_FILES = ("METADATA", "PKG-INFO")
+
+
+def _stat_key(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _path_stamp(paths: Sequence[str]) -> _Stamp:
+    stamp: list[tuple[object, ...]] = []
+    for entry in paths:
+        where = entry or "."  # importlib.metadata reads "" as the working directory
+        own = _stat_key(where)
+        infos: list[tuple[object, ...]] = []
+        if own is not None and os.path.isdir(where):
+            with contextlib.suppress(OSError), os.scandir(where) as found:
+                for item in found:
+                    if item.name.endswith((".dist-info", ".egg-info", ".egg")):
+                        full = os.path.join(where, item.name)
+                        infos.append((item.name, _stat_key(full),
+                                      *(_stat_key(os.path.join(full, m)) for m in _METADATA_FILES)))
+        stamp.append((entry, os.path.abspath(where), own, tuple(sorted(infos, key=repr))))
+    return tuple(stamp)
+
+
+@dataclass(frozen=True)
+class _Cached:
+    paths: tuple[str, ...]  # what the stamp covers
+    stamp: _Stamp | None  # None: not to be reused
+    lock: Mapping[str, str]
+
+
+_LOCKS: dict[tuple[object, ...], _Cached] = {}
+# What else decides an interpreter's path: the environment it is started with, and the
+# working directory (a relative entry).
+_PATH_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONNOUSERSITE", "PYTHONSAFEPATH",
+             "PYTHONPLATLIBDIR", "VIRTUAL_ENV")
 
 
 def runtime_lock(python: Path) -> dict[str, str]:
     """{PEP 503 name: version} of every distribution the given interpreter can import, sorted."""
+    key = (str(python), _stat_key(str(python)), os.getcwd(),
+           tuple(os.environ.get(name) for name in _PATH_ENV))
+    known = _LOCKS.get(key)
+    if known is not None and _path_stamp(known.paths) == known.stamp:
+        return dict(known.lock)
+    # Stamped before asking, so that a change while the interpreter reads shows next time.
+    # The path is known only from an earlier answer: the first answer is not reused.
+    before = _path_stamp(known.paths) if known is not None else None
     raw = _ask(python, _LOCK_SCRIPT, "installed packages")
-    if not isinstance(raw, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
-    ):
+    lock = raw.get("lock") if isinstance(raw, dict) else None
+    watch = raw.get("watch") if isinstance(raw, dict) else None
+    if not isinstance(lock, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in lock.items()
+    ) or not isinstance(watch, list) or not all(isinstance(p, str) for p in watch):
         raise ConfigError(f"Python interpreter {python} reported packages in an unexpected form")
-    return dict(sorted(raw.items()))
+    out = dict(sorted(lock.items()))
+    same_path = known is not None and tuple(watch) == known.paths
+    _LOCKS[key] = _Cached(paths=tuple(watch), stamp=before if same_path else None, lock=dict(out))
+    return out
 
 
 def runtime_lock_current() -> dict[str, str]:
     """runtime_lock of the harness's own environment, read in-process."""
-    return _lock(metadata.distributions())
+    paths = tuple(sys.path)
+    key: tuple[object, ...] = ("<harness, in-process>",)
+    cached = _LOCKS.get(key)
+    if cached is not None and cached.paths == paths and _path_stamp(paths) == cached.stamp:
+        return dict(cached.lock)
+    stamp = _path_stamp(paths)
+    out = _lock(metadata.distributions())
+    _LOCKS[key] = _Cached(paths=paths, stamp=stamp, lock=dict(out))
+    return out
 
 
 def glob_files(globs: Sequence[str], root: Path | None) -> dict[str, list[str]]:
