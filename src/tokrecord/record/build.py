@@ -37,9 +37,9 @@ from tokrecord.gates.teacher import Teacher, load_teacher
 from tokrecord.identity import sha256_file
 from tokrecord.jsontypes import JSONObject
 from tokrecord.record import EvidenceFacts
-from tokrecord.record.abba import abba_record
 from tokrecord.record.exactness import document_hashes, exactness_documents, stated_hashes
 from tokrecord.record.ids import SCHEMA_ABBA
+from tokrecord.record.migrate_v1 import abba_builder
 from tokrecord.record.schema import validate_record
 from tokrecord.record.single import single_leg_record
 
@@ -58,8 +58,10 @@ def build_record(plan: Plan, exp_dir: Path, results: Mapping[str, LegResult],
         return single_leg_record(plan, results["B1"], tries, facts)
     power_path = exp_dir / layout.POWER
     power = json.loads(power_path.read_text(encoding="utf-8")) if power_path.exists() else None
-    return abba_record(plan, results, rows, outs, tries, idle_gaps(exp_dir), facts, power,
-                       schema or SCHEMA_ABBA, sweep_method)
+    # The current builder, or the v1 recompute for a v1 record (record.migrate_v1).
+    build = abba_builder(schema or SCHEMA_ABBA)
+    return build(plan, results, rows, outs, tries, idle_gaps(exp_dir), facts, power,
+                 sweep_method)
 
 
 def leg_outcomes(plan: Plan, run_dirs: Mapping[str, tuple[Path, str]]
