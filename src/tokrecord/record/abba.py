@@ -1,5 +1,5 @@
 """The experiment record of an ABBA, A/A or sweep design (``tokrecord.experiment-record/v3``),
-built as its model (record.schema.ExperimentRecordV2): mypy checks every section's fields
+built as its model (record.schema.ExperimentRecordV3): mypy checks every section's fields
 when it is built. A v1 record is recomputed by record.migrate_v1, from the parts here that
 every form shares (`findings` and the section helpers).
 
@@ -92,7 +92,7 @@ from tokrecord.record.schema import (
     ComponentEvidence,
     Empty,
     EvidenceHashes,
-    ExperimentRecordV2,
+    ExperimentRecordV3,
     GateSummary,
     Hardware,
     HeadlineAccounting,
@@ -237,7 +237,7 @@ def _v3(plan: Plan, results: Mapping[str, LegResult], rows: Mapping[str, Sequenc
         attempts: Sequence[Mapping[str, Any]], idle_gaps: Mapping[str, float],
         facts: EvidenceFacts, f: Findings, tries: Mapping[str, int],
         power: Mapping[str, Any] | None, analysis: VerdictAnalysis | None
-        ) -> ExperimentRecordV2:
+        ) -> ExperimentRecordV3:
     protocol = protocol_section(AbbaProtocolV2, plan, results, rows, idle_gaps,
                          design=plan.design.value, blocks=len({leg.block for leg in f.design}),
                          pairs=[f"{c}_vs_{a}" for c, a in f.pair_names],
@@ -246,7 +246,7 @@ def _v3(plan: Plan, results: Mapping[str, LegResult], rows: Mapping[str, Sequenc
         facts.leg_identity.get(name) or {}).get("identity_sha256")})
         for name, block in leg_blocks(results, facts, tries).items()}
     noise = noise_section(plan, results)
-    return ExperimentRecordV2(
+    return ExperimentRecordV3(
         schema=SCHEMA_ABBA, experiment=plan.name, date=facts.date, status=record_status(f),
         plan_sha256=plan.sha256,
         prior_approved_record=PriorApprovedRecord(id=plan.prior.id, tok_s=plan.prior.value_tok_s),
