@@ -3,9 +3,10 @@ built as its model (record.schema.ExperimentRecordV3): mypy checks every section
 when it is built. A v1 record is recomputed by record.migrate_v1, from the parts here that
 every form shares (`findings` and the section helpers).
 
-Kept apart from record/__init__.py because the schema imports that module's constants.
-The analyses' own results (pairs, verdicts, the record gate, sweep and sequential
-sections) are models already; each is given as its full dump, as the record held it.
+The sections every record form shares are built, as their models, in record/__init__.py;
+this module builds the ABBA form's own. The analyses' own results (pairs, verdicts, the
+record gate, sweep and sequential sections) are models already; each is given as its full
+dump, as the record held it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from pydantic import BaseModel, TypeAdapter
 from tokrecord.experiment.design import DesignLeg
 from tokrecord.experiment.interim import leg_figures
 from tokrecord.experiment.leg import LegResult, RowRecord
-from tokrecord.experiment.noise import NoiseDiagnostic
 from tokrecord.experiment.plan import Arm, Plan
 from tokrecord.experiment.power import PowerReport
 from tokrecord.experiment.sequential import SequentialAnalysis
@@ -63,7 +63,6 @@ from tokrecord.record import (
     EvidenceFacts,
     _gate,
     _ok,
-    _redacted_arm,
     accounting,
     component_reasons,
     identity_across_legs,
@@ -72,6 +71,7 @@ from tokrecord.record import (
     noise_section,
     operational,
     portable_entries,
+    redacted_arm,
     reproducibility,
     sequential_section,
     server_log_facts,
@@ -95,27 +95,15 @@ from tokrecord.record.schema import (
     ExperimentRecordV3,
     GateSummary,
     Hardware,
-    HeadlineAccounting,
     LegBlock,
-    LogFact,
-    LogFactFound,
-    ModelSection,
-    Operational,
     PriorApprovedRecord,
     PriorRecheck,
-    Reproducibility,
     Source,
-    SpeculativeSection,
-    UnchangedStack,
 )
 
 _M = TypeVar("_M", bound=BaseModel)
 _SOURCE: TypeAdapter[Any] = TypeAdapter(Source)
-_LOG_FACTS = TypeAdapter(dict[str, list[LogFact]])
-_SERVER_LOG_FACTS = TypeAdapter(dict[str, dict[str, LogFactFound]])
 _COMPONENTS = TypeAdapter(dict[str, ComponentEvidence])
-_SPECULATIVE = TypeAdapter(dict[str, SpeculativeSection | None])
-_ARMS = TypeAdapter(dict[str, Arm])
 _EVIDENCE = TypeAdapter(EvidenceHashes)
 _P = TypeVar("_P", bound=AbbaProtocol)
 
@@ -245,7 +233,6 @@ def _v3(plan: Plan, results: Mapping[str, LegResult], rows: Mapping[str, Sequenc
     runs = {name: block.model_copy(update={"identity_sha256": (
         facts.leg_identity.get(name) or {}).get("identity_sha256")})
         for name, block in leg_blocks(results, facts, tries).items()}
-    noise = noise_section(plan, results)
     return ExperimentRecordV3(
         schema=SCHEMA_ABBA, experiment=plan.name, date=facts.date, status=record_status(f),
         plan_sha256=plan.sha256,
@@ -254,29 +241,27 @@ def _v3(plan: Plan, results: Mapping[str, LegResult], rows: Mapping[str, Sequenc
         quality=quality_section(results, facts, f, tries).model_copy(
             update={"source_identity_passed_all_legs": f.identity_ok}),
         verdict=f.verdict, record_gate=whole(f.gate),
-        metric_accounting=HeadlineAccounting.model_validate(accounting(plan, f.headline)),
-        log_facts=_LOG_FACTS.validate_python(log_facts(results)),
-        operational=Operational.model_validate(operational(results, idle_gaps)),
-        reproducibility=Reproducibility.model_validate(
-            {**reproducibility(facts.root), **portable_entries(facts)}),
+        metric_accounting=accounting(plan, f.headline),
+        log_facts=log_facts(results),
+        operational=operational(results, idle_gaps),
+        reproducibility=reproducibility(facts.root).model_copy(update=portable_entries(facts)),
         source=_SOURCE.validate_python(facts.identity), hardware=hardware_section(facts, f),
         artifacts=AbbaArtifacts(root=facts.root, **artifact_entries(facts.documents_sha256)),
-        submission=Empty(), treatment=_ARMS.validate_python(arm_sections(plan)),
+        submission=Empty(), treatment=arm_sections(plan),
         protocol=protocol.model_copy(update={"prefix_history_response_reuse": not (
             protocol.prompts_unique_per_leg and protocol.each_prompt_run_once
             and protocol.cached_tokens_all_zero)}),
         runs=runs, pair_results={k: whole(v) for k, v in f.pairs.items()},
         verdict_analysis=None if analysis is None else whole(analysis),
         power=None if power is None else PowerReport.model_validate(dict(power)),
-        server_log_facts=_SERVER_LOG_FACTS.validate_python(
-            {name: server_log_facts(r) for name, r in results.items()}),
-        speculative=_SPECULATIVE.validate_python(speculative_section(plan, facts)),
+        server_log_facts={name: server_log_facts(r) for name, r in results.items()},
+        speculative=speculative_section(plan, facts),
         component_evidence=_COMPONENTS.validate_python({c["name"]: c for c in facts.components}),
-        model=ModelSection.model_validate(model_section(plan, facts)),
-        unchanged_record_stack=UnchangedStack.model_validate(unchanged_stack(plan)),
+        model=model_section(plan, facts),
+        unchanged_record_stack=unchanged_stack(plan),
         prior_recheck=None if facts.prior_recheck is None
         else PriorRecheck.model_validate(facts.prior_recheck),
-        noise_diagnostic=None if noise is None else NoiseDiagnostic.model_validate(noise),
+        noise_diagnostic=noise_section(plan, results),
         sequential=None if f.seq is None else whole(f.seq),
         # Every key, sweep.sequential included (null unless the sweep was sequential): v2
         # left it out, and record.migrate fills it for a v2 record.
@@ -290,8 +275,9 @@ def record_status(f: Findings) -> Literal["strict_preregistered_record_pass", "n
         else "no_record"
 
 
-def arm_sections(plan: Plan) -> dict[str, Any]:
-    return {name: _redacted_arm(arm) for name, arm in plan.all_arms.items()}
+def arm_sections(plan: Plan) -> dict[str, Arm]:
+    """The plan's arms as the record shows them (secret-looking values redacted)."""
+    return {name: redacted_arm(arm) for name, arm in plan.all_arms.items()}
 
 
 def hardware_section(facts: EvidenceFacts, f: Findings) -> Hardware | None:

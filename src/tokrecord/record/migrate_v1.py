@@ -53,17 +53,12 @@ from tokrecord.record.schema import (
     Attempt,
     Empty,
     ExperimentRecord,
-    HeadlineAccounting,
-    LogFact,
-    Operational,
     PriorApprovedRecord,
-    Reproducibility,
     Source,
     Treatments,
 )
 
 _SOURCE: TypeAdapter[Any] = TypeAdapter(Source)
-_LOG_FACTS = TypeAdapter(dict[str, list[LogFact]])
 
 # What recomputes an ABBA record: the legs, the state log's attempts and idle gaps, the
 # evidence facts, the preregistered power and an older sweep method.
@@ -102,10 +97,10 @@ def abba_record_v1(
         attempts=[Attempt.model_validate(a) for a in attempts],
         quality=quality_section(results, facts, f, tries), verdict=f.verdict,
         record_gate=whole(f.gate),
-        metric_accounting=HeadlineAccounting.model_validate(accounting(plan, f.headline)),
-        log_facts=_LOG_FACTS.validate_python(log_facts(results)),
-        operational=Operational.model_validate(operational(results, idle_gaps)),
-        reproducibility=Reproducibility.model_validate(reproducibility(facts.root)),
+        metric_accounting=accounting(plan, f.headline),
+        log_facts=log_facts(results),
+        operational=operational(results, idle_gaps),
+        reproducibility=reproducibility(facts.root),
         source=_SOURCE.validate_python(facts.identity), hardware=hardware_section(facts, f),
         artifacts=AbbaArtifacts(root=facts.root), submission=Empty(),
         treatment=Treatments.model_validate(arm_sections(plan)),
