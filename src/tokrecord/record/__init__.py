@@ -3,9 +3,10 @@
 `abba_record` and `single_leg_record` are pure: they take the plan, the legs'
 results and rows, what the experiment log says (attempts, idle gaps) and the
 facts read from the evidence (`EvidenceFacts`: each leg's hardware and file
-hashes, the identity summary, the date), and return the JSON document. Reading
-those facts is `record.build`'s job. The hashes of each leg's evidence files are
-included so the record points at exactly what it was computed from.
+hashes, the identity summary, the date), and return the record as its model
+(record.schema). Reading those facts, and dumping the model to the JSON document, is
+`record.build`'s job. The hashes of each leg's evidence files are included so the record
+points at exactly what it was computed from.
 
 The sections both forms share are built here, each as its record.schema model, so mypy
 checks their fields where they are built.

@@ -141,7 +141,7 @@ def abba_record(
     facts: EvidenceFacts,
     power: Mapping[str, Any] | None = None,
     sweep_method: str | None = None,
-) -> dict[str, Any]:
+) -> ExperimentRecordV3:
     """An ABBA, A/A or sweep experiment's record, in the current form (experiment-record/v3;
     a v1 record is recomputed by record.migrate_v1); a sweep's by `sweep_method` when an
     older sweep record is recomputed (experiment.sweep.SWEEP_METHOD_TWO_SIDED)."""
@@ -159,9 +159,8 @@ def abba_record(
         analysis.record_verdict if analysis else None,
         found_label=f"verdict at {100 * plan.record_confidence:g} % confidence",
         more_reasons=component_reasons(facts.components), sweep_method=sweep_method)
-    written = _v3(plan, results, rows, attempts, idle_gaps, facts, found,
-                  attempt_counts(attempts, results), power, analysis)
-    return written.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return _v3(plan, results, rows, attempts, idle_gaps, facts, found,
+               attempt_counts(attempts, results), power, analysis)
 
 
 def legs_run(plan: Plan, results: Mapping[str, LegResult]) -> tuple[DesignLeg, ...]:

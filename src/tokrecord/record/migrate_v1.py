@@ -53,6 +53,7 @@ from tokrecord.record.schema import (
     Attempt,
     Empty,
     ExperimentRecord,
+    ExperimentRecordV3,
     PriorApprovedRecord,
     Source,
     Treatments,
@@ -66,7 +67,7 @@ AbbaBuilder = Callable[
     [Plan, Mapping[str, LegResult], Mapping[str, Sequence[RowRecord]],
      Mapping[str, Sequence[RowOutcome]], Sequence[Mapping[str, Any]], Mapping[str, float],
      EvidenceFacts, Mapping[str, Any] | None, str | None],
-    dict[str, Any]]
+    ExperimentRecord | ExperimentRecordV3]
 
 
 def abba_record_v1(
@@ -79,7 +80,7 @@ def abba_record_v1(
     facts: EvidenceFacts,
     power: Mapping[str, Any] | None = None,  # v1 had no preregistered power: not read
     sweep_method: str | None = None,
-) -> dict[str, Any]:
+) -> ExperimentRecord:
     """A v1 record, recomputed exactly as it was built before v2 (so that it verifies):
     the first block's two pairs, the paired bootstrap's verdict (for the record too), and
     no component evidence among the gate's reasons."""
@@ -90,7 +91,7 @@ def abba_record_v1(
                  boot.verdict if boot else Verdict.UNDECIDED, boot.verdict if boot else None,
                  found_label="verdict", more_reasons=[], sweep_method=sweep_method)
     tries = attempt_counts(attempts, results)
-    written = ExperimentRecord(
+    return ExperimentRecord(
         schema=SCHEMA_ABBA_V1, experiment=plan.name, date=facts.date, status=record_status(f),
         plan_sha256=plan.sha256,
         prior_approved_record=PriorApprovedRecord(id=plan.prior.id, tok_s=plan.prior.value_tok_s),
@@ -109,7 +110,6 @@ def abba_record_v1(
         pair_results=AbbaPairs.model_validate({k: whole(v) for k, v in f.pairs.items()}),
         bootstrap=None if boot is None else whole(boot),
     )
-    return written.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 # The builder of each record form verify recomputes in (record.migrate.recomputed_as).

@@ -58,9 +58,9 @@ from tokrecord.record.schema import (
 
 def single_leg_record(
     plan: Plan, result: LegResult, attempts: Sequence[Mapping[str, Any]], facts: EvidenceFacts
-) -> dict[str, Any]:
-    """The seeds/single-leg-record.json form: value, goal, prior approved, prior best; as
-    record.json holds it (the keys each section was given, none it was not)."""
+) -> SingleLegRecord:
+    """The seeds/single-leg-record.json form: value, goal, prior approved, prior best
+    (record.build writes the keys each section was given, none it was not)."""
     value = result.summary.tok_s_out
     beats = value is not None and plan.prior.value_tok_s is not None \
         and value > plan.prior.value_tok_s
@@ -68,7 +68,7 @@ def single_leg_record(
     blockers = identity_reasons + component_reasons(facts.components)
     passed = result.valid and beats and not blockers
     hw = facts.hardware[result.name]
-    record = SingleLegRecord(
+    return SingleLegRecord(
         schema=SCHEMA_SINGLE, date=facts.date, status="record_pass" if passed else "no_record",
         plan_sha256=plan.sha256, metric=plan.metric, metric_accounting=_accounting(plan, result),
         record=_figures(plan, result), summary=_summary(result),
@@ -99,7 +99,6 @@ def single_leg_record(
                                   **artifact_entries(facts.documents_sha256)),
         submission=Empty(),
     )
-    return record.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 _SOURCE: TypeAdapter[Any] = TypeAdapter(Source)
