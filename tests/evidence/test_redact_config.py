@@ -12,7 +12,7 @@ from pathlib import Path
 from tokrecord.evidence.redact import is_secret_env, redact_argv, redact_env, redacted
 from tokrecord.experiment.leg import LegConfig, ServerSpec, _resolved_config
 from tokrecord.experiment.plan import load_plan
-from tokrecord.record import _redacted_arm, unchanged_stack
+from tokrecord.record import redacted_arm, unchanged_stack
 from tokrecord.suite import load_suite
 
 HF = "hf_" + "s3cr3t" * 5
@@ -72,10 +72,10 @@ extra_args = ["--hf-token", "{HF}"]
 """)
     plan = load_plan(path)
     stack = unchanged_stack(plan)
-    assert stack["env"] == {"HF_TOKEN": sha12(HF), "VLLM_USE_V1": "1"}
-    assert stack["argv"][-2:] == ["--api-key", sha12(SK)]
-    arm = _redacted_arm(plan.arms["candidate"])
-    assert arm["env"] == {"OPENAI_API_KEY": sha12(SK)} and arm["extra_args"] == ["--hf-token",
+    assert stack.env == {"HF_TOKEN": sha12(HF), "VLLM_USE_V1": "1"}
+    assert stack.argv[-2:] == ["--api-key", sha12(SK)]
+    arm = redacted_arm(plan.arms["candidate"])
+    assert arm.env == {"OPENAI_API_KEY": sha12(SK)} and list(arm.extra_args) == ["--hf-token",
                                                                                  sha12(HF)]
     # The plan's hash is over the plan as written: redaction is only in what is recorded.
     assert HF in plan.canonical().decode() and plan.sha256 == hashlib.sha256(

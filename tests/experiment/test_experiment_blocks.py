@@ -25,7 +25,7 @@ from tokrecord.experiment.runner import (
 from tokrecord.record.build import build_record, finish
 from tokrecord.record.ids import SCHEMA_ABBA, SCHEMA_ABBA_V1
 from tokrecord.record.lint import lint_record
-from tokrecord.record.schema import ExperimentRecord, ExperimentRecordV2, validate_record
+from tokrecord.record.schema import ExperimentRecord, ExperimentRecordV3, validate_record
 from tokrecord.record.verify import verify_dir, verify_leg
 from tokrecord.server.fake import config_from_args, leg_speed_factor
 from tokrecord.suite import SuiteRow
@@ -85,7 +85,7 @@ def test_power_is_written_into_the_preregistration(two_blocks: SimpleNamespace) 
 def test_record_v2_has_every_leg_and_pair(two_blocks: SimpleNamespace) -> None:
     record = two_blocks.record
     assert record["schema"] == SCHEMA_ABBA
-    assert isinstance(validate_record(record), ExperimentRecordV2)
+    assert isinstance(validate_record(record), ExperimentRecordV3)
     assert sorted(record["runs"]) == sorted(EIGHT)  # canonical JSON: keys sorted
     assert record["protocol"]["order"] == [f"{n}-{'candidate' if n[0] == 'B' else 'control'}"
                                            for n in EIGHT]

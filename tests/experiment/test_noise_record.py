@@ -10,7 +10,7 @@ from plan_support import plan_toml, write_plan
 from tokrecord.experiment.noise import DIAGNOSIS_ONLY
 from tokrecord.experiment.runner import run_experiment
 from tokrecord.record.build import build_record, finish
-from tokrecord.record.schema import ExperimentRecordV2, load_record
+from tokrecord.record.schema import ExperimentRecordV3, load_record
 from tokrecord.record.verify import verify_dir
 
 
@@ -39,6 +39,6 @@ def test_an_experiment_records_covariates_and_its_noise_diagnostic(tmp_path: Pat
     # The verdict is the leg-level analysis of the figures alone: nothing in it names a covariate.
     assert "covariate" not in json.dumps(record["verdict_analysis"])
     loaded = load_record(exp / "record.json")
-    assert isinstance(loaded, ExperimentRecordV2) and loaded.noise_diagnostic is not None
+    assert isinstance(loaded, ExperimentRecordV3) and loaded.noise_diagnostic is not None
     # verify recomputes every leg's covariates and the record (its diagnostic with it).
     assert verify_dir(exp) == []

@@ -17,7 +17,7 @@ from tokrecord.experiment.runner import run_experiment
 from tokrecord.experiment.sequential import SEQUENTIAL_METHOD
 from tokrecord.record.build import build_record, finish
 from tokrecord.record.lint import lint_record
-from tokrecord.record.schema import ExperimentRecordV2, validate_record
+from tokrecord.record.schema import ExperimentRecordV3, validate_record
 from tokrecord.record.verify import verify_dir
 from tokrecord.report import fmt, load_report, render_html, render_markdown, render_terminal
 
@@ -67,7 +67,7 @@ def test_the_record_states_each_look_and_the_repeated_interval(stopped: SimpleNa
     va = record["verdict_analysis"]
     assert seq["ci_low"] < va["ci_low"] and seq["ci_high"] > va["ci_high"]
     assert seq["ci_low"] > 1 and "biases" in seq["estimate_note"]
-    assert isinstance(validate_record(record), ExperimentRecordV2)
+    assert isinstance(validate_record(record), ExperimentRecordV3)
 
 
 def test_a_sequential_record_verifies_and_lints(stopped: SimpleNamespace) -> None:

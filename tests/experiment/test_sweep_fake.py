@@ -13,7 +13,7 @@ import pytest
 from plan_support import events, plan_toml, write_plan
 from tokrecord.experiment.runner import run_experiment
 from tokrecord.record.build import build_record, finish
-from tokrecord.record.schema import ExperimentRecordV2, validate_record
+from tokrecord.record.schema import ExperimentRecordV3, validate_record
 from tokrecord.record.verify import verify_dir
 
 # Paced fake servers in real time, but only checks load cannot flip: the arms run at 500,
@@ -58,7 +58,7 @@ def test_legs_run_every_arm_once_per_block_in_williams_order(sweep: SimpleNamesp
 
 def test_record_has_the_sweep_and_validates(sweep: SimpleNamespace) -> None:
     record = validate_record(sweep.record)
-    assert isinstance(record, ExperimentRecordV2) and record.sweep is not None
+    assert isinstance(record, ExperimentRecordV3) and record.sweep is not None
     a = record.sweep.analysis
     assert a.control == "tok_s=500" and a.arms == ("tok_s=500", "tok_s=2000", "tok_s=800")
     assert a.df == 4 and [c.arm for c in a.contrasts] == ["tok_s=2000", "tok_s=800"]
@@ -112,7 +112,7 @@ def test_report_has_the_sweep_table_and_chart(sweep: SimpleNamespace) -> None:
     from tokrecord.report.sweep import sweep_chart, sweep_rows, sweep_statement
 
     record = validate_record(sweep.record)
-    assert isinstance(record, ExperimentRecordV2)
+    assert isinstance(record, ExperimentRecordV3)
     rows = sweep_rows(record)
     assert [r.arm for r in rows] == ["tok_s=500", "tok_s=2000", "tok_s=800"]
     assert rows[0].control and rows[1].best and all(r.exact for r in rows)

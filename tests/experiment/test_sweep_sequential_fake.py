@@ -17,7 +17,7 @@ import pytest
 from plan_support import events, plan_toml, write_plan
 from tokrecord.experiment.runner import run_experiment
 from tokrecord.record.build import build_record, finish
-from tokrecord.record.schema import ExperimentRecordV2, validate_record
+from tokrecord.record.schema import ExperimentRecordV3, validate_record
 from tokrecord.record.verify import verify_dir
 
 SWEEP = """[sequential]
@@ -70,7 +70,7 @@ def test_a_sequential_sweep_stops_at_the_first_look_that_decides(
 
 def test_the_record_states_each_look_and_uses_its_boundary(swept: SimpleNamespace) -> None:
     record = validate_record(swept.record)
-    assert isinstance(record, ExperimentRecordV2) and record.sweep is not None
+    assert isinstance(record, ExperimentRecordV3) and record.sweep is not None
     seq = record.sweep.sequential
     b = swept.stop_block
     assert seq is not None and seq.stopped and seq.stopped_at == f"block {b}"

@@ -26,7 +26,7 @@ from tokrecord.record.schema import (
     SCHEMA_ID,
     SCHEMA_URL,
     EvidenceName,
-    ExperimentRecordV2,
+    ExperimentRecordV3,
     SingleLegRecord,
     record_json_schema,
     record_json_schema_text,
@@ -107,16 +107,16 @@ def test_schema_header_and_required_keys() -> None:
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     defs = schema["$defs"]
     assert {d["$ref"] for d in schema["oneOf"]} == {"#/$defs/ExperimentRecord",
-                                                    "#/$defs/ExperimentRecordV2",
+                                                    "#/$defs/ExperimentRecordV3",
                                                     "#/$defs/SingleLegRecord"}
-    assert defs["ExperimentRecordV2"]["properties"]["schema"]["const"] == SCHEMA_ABBA
+    assert defs["ExperimentRecordV3"]["properties"]["schema"]["const"] == SCHEMA_ABBA
     assert defs["ExperimentRecord"]["properties"]["schema"]["const"] == SCHEMA_ABBA_V1
     assert defs["SingleLegRecord"]["properties"]["schema"]["const"] == SCHEMA_SINGLE
     for name, definition in defs.items():
         if "properties" not in definition:
             continue
         assert definition["additionalProperties"] is False, name
-        optional = ({"seal"} if name in ("ExperimentRecord", "ExperimentRecordV2", "SingleLegRecord")
+        optional = ({"seal"} if name in ("ExperimentRecord", "ExperimentRecordV3", "SingleLegRecord")
                     else set())
         assert set(definition["required"]) == set(definition["properties"]) - optional, name
         assert not any("default" in p for p in definition["properties"].values()), name
@@ -132,9 +132,9 @@ def test_abba_record_validates(abba: tuple[dict[str, Any], dict[str, Any]]) -> N
     assert "seal" not in built
     for record in (built, written):
         model = validate_record(record)
-        assert isinstance(model, ExperimentRecordV2)
+        assert isinstance(model, ExperimentRecordV3)
     model = validate_record(written)
-    assert isinstance(model, ExperimentRecordV2)
+    assert isinstance(model, ExperimentRecordV3)
     assert model.seal is not None
     assert model.model_dump(mode="json", by_alias=True, exclude_none=False).keys() == written.keys()
 

@@ -30,6 +30,6 @@ def test_a_local_draft_model_is_identified_by_its_manifest(tmp_path: Path) -> No
     assert section["control"] is None
     candidate = section["candidate"]
     assert candidate is not None
-    assert (candidate["method"], candidate["num_speculative_tokens"]) == ("draft_model", 3)
-    assert candidate["draft_model"] == str(draft)
-    assert candidate["draft_manifest_sha256"] == manifest and len(manifest) == 64
+    assert (candidate.method, candidate.num_speculative_tokens) == ("draft_model", 3)
+    assert candidate.draft_model == str(draft)
+    assert candidate.draft_manifest_sha256 == manifest and len(manifest) == 64

@@ -29,7 +29,7 @@ from tokrecord.experiment.plan import abba_design
 from tokrecord.record.schema import (
     AbbaProtocolV2,
     ExperimentRecord,
-    ExperimentRecordV2,
+    ExperimentRecordV3,
     load_record,
     validate_record,
 )
@@ -51,9 +51,9 @@ def record_of(path: Path) -> dict[str, Any]:
     return json.loads((path / "record.json").read_text())  # type: ignore[no-any-return]
 
 
-def v2_record(path: Path) -> ExperimentRecordV2:
+def v2_record(path: Path) -> ExperimentRecordV3:
     record = load_record(path / "record.json")
-    assert isinstance(record, ExperimentRecordV2)
+    assert isinstance(record, ExperimentRecordV3)
     return record
 
 
@@ -306,9 +306,9 @@ def test_legs_chart_takes_any_number_of_blocks(v2: ReportData) -> None:
     assert pairs is None
 
 
-def pairs_only(listed: list[str], found: list[str]) -> ExperimentRecordV2:
+def pairs_only(listed: list[str], found: list[str]) -> ExperimentRecordV3:
     """A v2 record reduced to what pair_names reads (not a valid record)."""
-    return ExperimentRecordV2.model_construct(
+    return ExperimentRecordV3.model_construct(
         protocol=AbbaProtocolV2.model_construct(pairs=listed), pair_results=dict.fromkeys(found))
 
 

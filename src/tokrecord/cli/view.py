@@ -31,7 +31,7 @@ from tokrecord.probes.idle import IdleCriteria, IdleResult
 from tokrecord.record.schema import (
     AbbaRecord,
     ExperimentRecord,
-    ExperimentRecordV2,
+    ExperimentRecordV3,
     GateSummary,
     LegOperational,
     SingleLegRecord,
@@ -324,7 +324,7 @@ def experiment_tables(record: AbbaRecord) -> list[Table]:
 
 
 def _is_sweep(record: AbbaRecord) -> bool:
-    return isinstance(record, ExperimentRecordV2) and record.sweep is not None
+    return isinstance(record, ExperimentRecordV3) and record.sweep is not None
 
 
 def _runs_table(record: AbbaRecord, legs: list[str]) -> Table:
@@ -489,13 +489,13 @@ def verdict_lines(record: AbbaRecord) -> list[str]:
 def print_experiment(out: Console, record: AbbaRecord | Mapping[str, Any], path: Path) -> None:
     """An experiment record's tables, verdict and where it is; a record just written may
     still be its JSON, read here as its model."""
-    model = record if isinstance(record, ExperimentRecord | ExperimentRecordV2) else \
+    model = record if isinstance(record, ExperimentRecord | ExperimentRecordV3) else \
         validate_record(record, source=str(path), older_form_ok=True)
     if isinstance(model, SingleLegRecord):
         raise ConfigError(f"{path}: a single-leg record has no experiment tables")
     for table in experiment_tables(model):
         out.print(table)
-    if isinstance(model, ExperimentRecordV2) and model.sweep is not None:
+    if isinstance(model, ExperimentRecordV3) and model.sweep is not None:
         out.print(sweep_table(sweep_rows(model), sweep_statement(model)))
         for line in sweep_looks_lines(model):
             out.print(escape(line), soft_wrap=True)

@@ -1,11 +1,12 @@
 """Designs as specs: one spec per design a plan can ask for, and the one place that
 knows what each design means (DESIGN.md, "Designs").
 
-A spec says which legs a design runs and with which arm, which legs it pairs, whether it
-makes a speed claim, how it is analysed, which record form it writes and how readers
-name it. Planning (plan, power, cost), the record builder, the reports and submission ask
-the spec instead of comparing design names, so a new design is one new spec here (plus
-its analysis) and a test.
+A spec says which legs a design runs and with which arm, which legs it pairs, what it
+asks of a plan (arms, blocks, [sequential], [sweep], components), whether it makes a
+speed claim, how it is analysed, which record form it writes and how readers name it.
+Planning (plan, power, cost), the record builder, the reports and submission ask the spec
+instead of comparing design names, so a new design is one new spec here (plus its
+analysis) and a test.
 
 This module sits below the plan (experiment.plan imports it) and imports nothing of
 tokrecord's at module level, so record/, report/ and submit/ may read it too.
@@ -122,6 +123,77 @@ def _no_pairs(blocks: int) -> tuple[tuple[str, str], ...]:
     return ()
 
 
+# -- what each design asks of a plan -----------------------------------------------------
+
+
+class PlanShape(NamedTuple):
+    """What a plan asks for, as a design's checks read it (experiment.plan gives it)."""
+
+    arms: tuple[str, ...]  # the names in [arms]
+    blocks: int
+    max_blocks: int | None  # [sequential]'s most blocks; None: a fixed plan
+    has_sweep: bool  # a [sweep] section is given
+    components: tuple[str, ...]  # the declared components' names
+
+
+# Each raises ValueError, naming what the plan must change, when the plan does not fit;
+# a design's checks run in order and the first that fails is the one reported.
+PlanCheck = Callable[[PlanShape], None]
+
+
+def _takes_no_sequential(design: str) -> PlanCheck:
+    def check(plan: PlanShape) -> None:
+        if plan.max_blocks is not None:
+            raise ValueError(f"[sequential] needs design 'abba'; this plan's is {design!r}")
+    return check
+
+
+def _runs_up_to_max_blocks(what: str) -> PlanCheck:
+    def check(plan: PlanShape) -> None:
+        if plan.max_blocks is not None and plan.blocks not in (1, plan.max_blocks):
+            raise ValueError(f"blocks = {plan.blocks} with [sequential]: {what} runs up to "
+                             "sequential.max_blocks; leave blocks out")
+    return check
+
+
+def _unique_components(plan: PlanShape) -> None:
+    names = list(plan.components)
+    if len(names) != len(set(names)):
+        raise ValueError(f"component names must be unique: {names}")
+
+
+def _takes_no_components(why: str) -> PlanCheck:
+    def check(plan: PlanShape) -> None:
+        if plan.components:
+            raise ValueError(why)
+    return check
+
+
+def _needs_arms(design: str, needed: frozenset[str]) -> PlanCheck:
+    def check(plan: PlanShape) -> None:
+        missing = needed - set(plan.arms)
+        if missing:
+            raise ValueError(f"design {design!r} needs arms {sorted(needed)}; "
+                             f"missing {sorted(missing)}")
+    return check
+
+
+def _one_arm(plan: PlanShape) -> None:
+    if len(plan.arms) != 1:
+        raise ValueError(f"design 'aa' runs one arm in every leg; this plan has "
+                         f"{len(plan.arms)} ({', '.join(sorted(plan.arms))})")
+
+
+def _one_block(plan: PlanShape) -> None:
+    if plan.blocks != 1:
+        raise ValueError("design 'single' has one leg: blocks must be 1")
+
+
+def _needs_sweep_section(plan: PlanShape) -> None:
+    if not plan.has_sweep:
+        raise ValueError("design 'sweep' needs a [sweep] section")
+
+
 # -- how readers name each design ---------------------------------------------------------
 
 
@@ -155,6 +227,8 @@ class DesignSpec:
     layout: LegLayout
     pair_layout: Callable[[int], tuple[tuple[str, str], ...]]
     words: Callable[[int], str]  # the design as preregistered, for k blocks
+    # What the design asks of a plan (its arms, blocks, [sequential], [sweep], components).
+    plan_checks: tuple[PlanCheck, ...]
     # Why the design makes no speed claim (its record gate says so); None: it makes one.
     no_claim: str | None = None
     # Why a record of this design cannot be submitted as one leaderboard entry.
@@ -190,6 +264,11 @@ class DesignSpec:
         single leg or a sweep (whose arms are compared in one fit)."""
         return self.pair_layout(blocks)
 
+    def check_plan(self, plan: PlanShape) -> None:
+        """ValueError naming the first thing the plan asks that this design cannot run."""
+        for check in self.plan_checks:
+            check(plan)
+
     def describe(self, blocks: int | None) -> str:
         """'ABBA, 2 blocks (ABBA, BAAB): 8 legs, 4 pairs': the design as preregistered."""
         return self.words(blocks or 1)
@@ -198,20 +277,30 @@ class DesignSpec:
 SPECS: Final[Mapping[Design, DesignSpec]] = MappingProxyType({
     Design.SINGLE: DesignSpec(
         Design.SINGLE, "single-leg experiment", Analysis.GOAL, RecordForm.SINGLE_LEG,
-        _one_candidate_leg, _no_pairs, _single_words),
+        _one_candidate_leg, _no_pairs, _single_words,
+        (_takes_no_sequential("single"), _unique_components,
+         _needs_arms("single", frozenset({"candidate"})), _one_block)),
     Design.ABBA: DesignSpec(
         Design.ABBA, "ABBA experiment", Analysis.PAIRED_LEGS, RecordForm.EXPERIMENT,
-        _abba_legs, abba_pairs, _abba_words("ABBA", "")),
+        _abba_legs, abba_pairs, _abba_words("ABBA", ""),
+        (_runs_up_to_max_blocks("a sequential plan"), _unique_components,
+         _needs_arms("abba", frozenset({"control", "candidate"})))),
     Design.AA: DesignSpec(
         Design.AA, "A/A experiment", Analysis.NOISE_FLOOR, RecordForm.EXPERIMENT,
         _one_arm_in_abba_positions, abba_pairs,
         _abba_words("A/A", " (one arm in every leg: the noise floor, no speed claim)"),
+        (_takes_no_sequential("aa"), _unique_components, _takes_no_components(
+            "component evidence compares control and candidate traces; an A/A design has "
+            "one arm"), _one_arm),
         no_claim="an A/A design measures the noise floor; it makes no speed claim",
         not_submittable="it measures the machine's noise floor and makes no speed claim",
         pairs_what="B vs A positions, one arm"),
     Design.SWEEP: DesignSpec(
         Design.SWEEP, "sweep experiment", Analysis.ARMS_FIT, RecordForm.EXPERIMENT,
         _williams_legs, _no_pairs, _sweep_words,
+        (_needs_sweep_section,
+         _takes_no_components("component evidence compares two arms; a sweep has many"),
+         _runs_up_to_max_blocks("a sequential sweep")),
         not_submittable="a leaderboard entry is one configuration against its prior"),
 })
 

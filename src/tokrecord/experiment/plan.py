@@ -39,7 +39,7 @@ from tokrecord.errors import ConfigError
 from tokrecord.evidence import canonical_json
 from tokrecord.experiment.design import Design as Design
 from tokrecord.experiment.design import DesignLeg as DesignLeg
-from tokrecord.experiment.design import DesignSpec, PlannedLeg, design_spec
+from tokrecord.experiment.design import DesignSpec, PlannedLeg, PlanShape, design_spec
 from tokrecord.experiment.design import abba_design as abba_design
 from tokrecord.experiment.design import abba_pairs as abba_pairs
 from tokrecord.gates import GateConfig, LogRule
@@ -370,43 +370,12 @@ class Plan(_Strict):
 
     @model_validator(mode="after")
     def _arms_fit_design(self) -> Plan:
-        if self.design is Design.SWEEP:
-            return self._sweep_fits_design()
-        if self.sequential is not None:
-            if self.design is not Design.ABBA:
-                raise ValueError(f"[sequential] needs design 'abba'; this plan's is "
-                                 f"{self.design.value!r}")
-            if self.blocks not in (1, self.sequential.max_blocks):
-                raise ValueError(f"blocks = {self.blocks} with [sequential]: a sequential plan "
-                                 "runs up to sequential.max_blocks; leave blocks out")
-        names = [c.name for c in self.components]
-        if len(names) != len(set(names)):
-            raise ValueError(f"component names must be unique: {names}")
-        if self.components and self.design is Design.AA:
-            raise ValueError("component evidence compares control and candidate traces; "
-                             "an A/A design has one arm")
-        if self.design is Design.AA:
-            if len(self.arms) != 1:
-                raise ValueError(f"design 'aa' runs one arm in every leg; this plan has "
-                                 f"{len(self.arms)} ({', '.join(sorted(self.arms))})")
-            return self
-        needed = {"candidate"} if self.design is Design.SINGLE else {"control", "candidate"}
-        missing = needed - set(self.arms)
-        if missing:
-            raise ValueError(f"design {self.design.value!r} needs arms {sorted(needed)}; "
-                             f"missing {sorted(missing)}")
-        if self.design is Design.SINGLE and self.blocks != 1:
-            raise ValueError("design 'single' has one leg: blocks must be 1")
-        return self
-
-    def _sweep_fits_design(self) -> Plan:
-        if self.sweep is None:
-            raise ValueError("design 'sweep' needs a [sweep] section")
-        if self.components:
-            raise ValueError("component evidence compares two arms; a sweep has many")
-        if self.sequential is not None and self.blocks not in (1, self.sequential.max_blocks):
-            raise ValueError(f"blocks = {self.blocks} with [sequential]: a sequential sweep "
-                             "runs up to sequential.max_blocks; leave blocks out")
+        # What each design asks of the arms, blocks, [sequential], [sweep] and components
+        # is its spec's to say (experiment.design).
+        self.design_spec.check_plan(PlanShape(
+            arms=tuple(self.arms), blocks=self.blocks,
+            max_blocks=None if self.sequential is None else self.sequential.max_blocks,
+            has_sweep=self.sweep is not None, components=tuple(c.name for c in self.components)))
         return self
 
     @property

@@ -1,10 +1,12 @@
-"""The experiment record of an ABBA, A/A or sweep design (``tokrecord.experiment-record``),
-built as its model (record.schema.ExperimentRecordV2, or ExperimentRecord when a v1
-record is recomputed): mypy checks every section's fields when it is built.
+"""The experiment record of an ABBA, A/A or sweep design (``tokrecord.experiment-record/v3``),
+built as its model (record.schema.ExperimentRecordV3): mypy checks every section's fields
+when it is built. A v1 record is recomputed by record.migrate_v1, from the parts here that
+every form shares (`findings` and the section helpers).
 
-Kept apart from record/__init__.py because the schema imports that module's constants.
-The analyses' own results (pairs, verdicts, the record gate, sweep and sequential
-sections) are models already; each is given as its full dump, as the record held it.
+The sections every record form shares are built, as their models, in record/__init__.py;
+this module builds the ABBA form's own. The analyses' own results (pairs, verdicts, the
+record gate, sweep and sequential sections) are models already; each is given as its full
+dump, as the record held it.
 """
 
 from __future__ import annotations
@@ -17,24 +19,21 @@ from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, TypeAdapter
 
-from tokrecord.errors import ConfigError
 from tokrecord.experiment.design import DesignLeg
 from tokrecord.experiment.interim import leg_figures
 from tokrecord.experiment.leg import LegResult, RowRecord
-from tokrecord.experiment.noise import NoiseDiagnostic
-from tokrecord.experiment.plan import Arm, Plan, abba_pairs
+from tokrecord.experiment.plan import Arm, Plan
 from tokrecord.experiment.power import PowerReport
 from tokrecord.experiment.sequential import SequentialAnalysis
 from tokrecord.experiment.stats import (
     AnalysisLeg,
-    BootstrapResult,
+    LegFigures,
     PairResult,
     RecordGate,
     Verdict,
     VerdictAnalysis,
     leg_analysis,
     pair_result,
-    paired_bootstrap,
     record_gate,
 )
 from tokrecord.experiment.sweep import SweepSection
@@ -64,7 +63,6 @@ from tokrecord.record import (
     EvidenceFacts,
     _gate,
     _ok,
-    _redacted_arm,
     accounting,
     component_reasons,
     identity_across_legs,
@@ -73,6 +71,7 @@ from tokrecord.record import (
     noise_section,
     operational,
     portable_entries,
+    redacted_arm,
     reproducibility,
     sequential_section,
     server_log_facts,
@@ -83,63 +82,46 @@ from tokrecord.record import (
     unchanged_stack,
 )
 from tokrecord.record.exactness import artifact_entries
-from tokrecord.record.ids import SCHEMA_ABBA, SCHEMA_ABBA_V1
+from tokrecord.record.ids import SCHEMA_ABBA
 from tokrecord.record.schema import (
     AbbaArtifacts,
-    AbbaPairs,
     AbbaProtocol,
     AbbaProtocolV2,
     AbbaQuality,
-    AbbaRuns,
     Attempt,
     ComponentEvidence,
     Empty,
     EvidenceHashes,
-    ExperimentRecord,
-    ExperimentRecordV2,
+    ExperimentRecordV3,
     GateSummary,
     Hardware,
-    HeadlineAccounting,
     LegBlock,
-    LogFact,
-    LogFactFound,
-    ModelSection,
-    Operational,
     PriorApprovedRecord,
     PriorRecheck,
-    Reproducibility,
     Source,
-    SpeculativeSection,
-    Treatments,
-    UnchangedStack,
 )
 
 _M = TypeVar("_M", bound=BaseModel)
 _SOURCE: TypeAdapter[Any] = TypeAdapter(Source)
-_LOG_FACTS = TypeAdapter(dict[str, list[LogFact]])
-_SERVER_LOG_FACTS = TypeAdapter(dict[str, dict[str, LogFactFound]])
 _COMPONENTS = TypeAdapter(dict[str, ComponentEvidence])
-_SPECULATIVE = TypeAdapter(dict[str, SpeculativeSection | None])
-_ARMS = TypeAdapter(dict[str, Arm])
 _EVIDENCE = TypeAdapter(EvidenceHashes)
 _P = TypeVar("_P", bound=AbbaProtocol)
 
 
-def _whole(model: _M) -> _M:
+def whole(model: _M) -> _M:
     """`model` with every field given (the record's dump keeps only fields given): what
     its model_dump held when the record was a dict."""
     return type(model).model_validate(model.model_dump(mode="json"))
 
 
 @dataclass(frozen=True)
-class _Findings:
-    """What the legs say, before it is written down."""
+class Findings:
+    """What the legs say, before it is written down: the parts every ABBA record form
+    shares (a form's own analysis gives the verdicts it is read by)."""
 
     design: tuple[DesignLeg, ...]  # the legs that ran, in design order
     pair_names: tuple[tuple[str, str], ...]
     pairs: dict[str, PairResult]
-    boot: BootstrapResult | None  # v1
-    analysis: VerdictAnalysis | None  # v2, not a sweep
     verdict: Verdict
     seq: SequentialAnalysis | None
     swept: SweepSection | None
@@ -158,41 +140,58 @@ def abba_record(
     idle_gaps: Mapping[str, float],
     facts: EvidenceFacts,
     power: Mapping[str, Any] | None = None,
-    schema: str = SCHEMA_ABBA,
     sweep_method: str | None = None,
-) -> dict[str, Any]:
-    """An ABBA, A/A or sweep experiment's record, in the form `schema` names (the current
-    one unless a v1 record is being recomputed); a sweep's by `sweep_method` when an older sweep
-    record is recomputed (experiment.sweep.SWEEP_METHOD_TWO_SIDED)."""
-    if schema not in (SCHEMA_ABBA, SCHEMA_ABBA_V1):
-        raise ConfigError(f"unknown experiment record schema {schema!r}")
-    v1 = schema == SCHEMA_ABBA_V1
-    found = _findings(plan, results, rows, outcomes, facts, v1, sweep_method)
-    tries = {name: sum(1 for a in attempts if a.get("leg") == name) for name in results}
-    written: ExperimentRecord | ExperimentRecordV2 = (
-        _v1(plan, results, rows, attempts, idle_gaps, facts, found, tries) if v1 else
-        _v2(plan, results, rows, attempts, idle_gaps, facts, found, tries, power))
-    return written.model_dump(mode="json", by_alias=True, exclude_unset=True)
-
-
-def _findings(plan: Plan, results: Mapping[str, LegResult],
-              rows: Mapping[str, Sequence[RowRecord]],
-              outcomes: Mapping[str, Sequence[RowOutcome]], facts: EvidenceFacts, v1: bool,
-              sweep_method: str | None) -> _Findings:
-    # A sequential plan runs the blocks its stopping rule asked for: the legs given.
-    design = tuple(leg for leg in plan.design_legs if leg.name in results)
-    figs = {name: leg_figures(results[name], rows[name]) for name in results}
-    pair_names = abba_pairs(1) if v1 else tuple(p for p in plan.pairs if set(p) <= set(results))
-    pairs = {f"{c}_vs_{a}": pair_result(figs[c], figs[a], plan.criteria) for c, a in pair_names}
-    boot = paired_bootstrap([(figs[c], figs[a]) for c, a in pair_names], plan.verdict) if v1 \
-        else None
-    analysis = None if v1 or plan.sweep is not None else leg_analysis(
+) -> ExperimentRecordV3:
+    """An ABBA, A/A or sweep experiment's record, in the current form (experiment-record/v3;
+    a v1 record is recomputed by record.migrate_v1); a sweep's by `sweep_method` when an
+    older sweep record is recomputed (experiment.sweep.SWEEP_METHOD_TWO_SIDED)."""
+    design = legs_run(plan, results)
+    figs = figures(results, rows)
+    analysis = None if plan.sweep is not None else leg_analysis(
         [AnalysisLeg(figures=figs[leg.name], block=leg.block, treated=leg.treated)
          for leg in design], plan.verdict.confidence, plan.verdict.equivalence_pct,
         plan.record_confidence)
-    verdict = boot.verdict if boot else analysis.verdict if analysis else Verdict.UNDECIDED
-    # v2: a record needs FASTER at the record's own (higher) confidence.
-    for_record = boot.verdict if boot else analysis.record_verdict if analysis else None
+    found = findings(
+        plan, results, outcomes, facts, figs,
+        tuple(p for p in plan.pairs if set(p) <= set(results)),
+        # A record needs FASTER at the record's own (higher) confidence.
+        analysis.verdict if analysis else Verdict.UNDECIDED,
+        analysis.record_verdict if analysis else None,
+        found_label=f"verdict at {100 * plan.record_confidence:g} % confidence",
+        more_reasons=component_reasons(facts.components), sweep_method=sweep_method)
+    return _v3(plan, results, rows, attempts, idle_gaps, facts, found,
+               attempt_counts(attempts, results), power, analysis)
+
+
+def legs_run(plan: Plan, results: Mapping[str, LegResult]) -> tuple[DesignLeg, ...]:
+    """The legs that ran, in design order: a sequential plan runs the blocks its stopping
+    rule asked for (the legs given)."""
+    return tuple(leg for leg in plan.design_legs if leg.name in results)
+
+
+def figures(results: Mapping[str, LegResult], rows: Mapping[str, Sequence[RowRecord]]
+            ) -> dict[str, LegFigures]:
+    """Each leg's figures, as every analysis reads them."""
+    return {name: leg_figures(results[name], rows[name]) for name in results}
+
+
+def attempt_counts(attempts: Sequence[Mapping[str, Any]], results: Mapping[str, LegResult]
+                   ) -> dict[str, int]:
+    """How many times each leg was attempted (the state log's attempts)."""
+    return {name: sum(1 for a in attempts if a.get("leg") == name) for name in results}
+
+
+def findings(plan: Plan, results: Mapping[str, LegResult],
+             outcomes: Mapping[str, Sequence[RowOutcome]], facts: EvidenceFacts,
+             figs: Mapping[str, LegFigures], pair_names: tuple[tuple[str, str], ...],
+             verdict: Verdict, for_record: Verdict | None, *, found_label: str,
+             more_reasons: list[str], sweep_method: str | None) -> Findings:
+    """What the legs say, given the verdict the record form's own analysis reached (and
+    the one it reached for a record, None where none): the sequential and sweep sections
+    overrule it, then the record gate reads it. `found_label` names that verdict in the
+    gate's reasons; `more_reasons` come after the identity checks'."""
+    design = legs_run(plan, results)
+    pairs = {f"{c}_vs_{a}": pair_result(figs[c], figs[a], plan.criteria) for c, a in pair_names}
     seq = sequential_section(plan, design, figs)
     if seq is not None:  # the stopping rule's interval, valid after optional stopping
         verdict, for_record = seq.verdict, seq.record_verdict
@@ -205,94 +204,64 @@ def _findings(plan: Plan, results: Mapping[str, LegResult],
     cross = cross_leg_exact({name: outcomes[name] for name in results})
     quality_ok = all(r.valid for r in results.values()) and cross.status is GateStatus.PASS
     identity_ok, identity_reasons = identity_across_legs(facts.leg_identity, list(results))
-    if not v1:
-        identity_reasons += component_reasons(facts.components)
     gate = record_gate(
         [figs[leg.name] for leg in gated],
         [figs[leg.name] for leg in design if not leg.treated], list(pairs.values()), quality_ok,
         plan.prior.value_tok_s, for_record, plan.verdict.require_faster_for_record,
-        claim=plan.design_spec.no_claim,
-        found_label="verdict" if v1 else f"verdict at {100 * plan.record_confidence:g} % "
-        "confidence", more_reasons=identity_reasons + sweep_reasons(swept),
+        claim=plan.design_spec.no_claim, found_label=found_label,
+        more_reasons=identity_reasons + more_reasons + sweep_reasons(swept),
         pairs_required=swept is None,
     )
     # A sweep's headline is its best arm's (every non-control arm's when none is claimed).
     candidates = [results[leg.name] for leg in gated or [g for g in design if g.treated]]
     headline = min(candidates, key=lambda r: r.summary.tok_s_out
                    if r.summary.tok_s_out is not None else float("inf"))
-    return _Findings(design, pair_names, pairs, boot, analysis, verdict, seq, swept, gate, cross,
-                     identity_ok, headline)
+    return Findings(design, pair_names, pairs, verdict, seq, swept, gate, cross, identity_ok,
+                    headline)
 
 
-def _v1(plan: Plan, results: Mapping[str, LegResult], rows: Mapping[str, Sequence[RowRecord]],
+def _v3(plan: Plan, results: Mapping[str, LegResult], rows: Mapping[str, Sequence[RowRecord]],
         attempts: Sequence[Mapping[str, Any]], idle_gaps: Mapping[str, float],
-        facts: EvidenceFacts, f: _Findings, tries: Mapping[str, int]) -> ExperimentRecord:
-    """A v1 record, recomputed exactly as it was built before v2 (so that it verifies)."""
-    return ExperimentRecord(
-        schema=SCHEMA_ABBA_V1, experiment=plan.name, date=facts.date, status=_status(f),
-        plan_sha256=plan.sha256,
-        prior_approved_record=PriorApprovedRecord(id=plan.prior.id, tok_s=plan.prior.value_tok_s),
-        attempts=[Attempt.model_validate(a) for a in attempts],
-        quality=_quality(results, facts, f, tries), verdict=f.verdict,
-        record_gate=_whole(f.gate),
-        metric_accounting=HeadlineAccounting.model_validate(accounting(plan, f.headline)),
-        log_facts=_LOG_FACTS.validate_python(log_facts(results)),
-        operational=Operational.model_validate(operational(results, idle_gaps)),
-        reproducibility=Reproducibility.model_validate(reproducibility(facts.root)),
-        source=_SOURCE.validate_python(facts.identity), hardware=_hardware(facts, f),
-        artifacts=AbbaArtifacts(root=facts.root), submission=Empty(),
-        treatment=Treatments.model_validate(_arms(plan)),
-        protocol=_protocol(AbbaProtocol, plan, results, rows, idle_gaps),
-        runs=AbbaRuns.model_validate(_runs(results, facts, tries)),
-        pair_results=AbbaPairs.model_validate({k: _whole(v) for k, v in f.pairs.items()}),
-        bootstrap=None if f.boot is None else _whole(f.boot),
-    )
-
-
-def _v2(plan: Plan, results: Mapping[str, LegResult], rows: Mapping[str, Sequence[RowRecord]],
-        attempts: Sequence[Mapping[str, Any]], idle_gaps: Mapping[str, float],
-        facts: EvidenceFacts, f: _Findings, tries: Mapping[str, int],
-        power: Mapping[str, Any] | None) -> ExperimentRecordV2:
-    protocol = _protocol(AbbaProtocolV2, plan, results, rows, idle_gaps,
+        facts: EvidenceFacts, f: Findings, tries: Mapping[str, int],
+        power: Mapping[str, Any] | None, analysis: VerdictAnalysis | None
+        ) -> ExperimentRecordV3:
+    protocol = protocol_section(AbbaProtocolV2, plan, results, rows, idle_gaps,
                          design=plan.design.value, blocks=len({leg.block for leg in f.design}),
                          pairs=[f"{c}_vs_{a}" for c, a in f.pair_names],
                          max_blocks=plan.max_blocks)
     runs = {name: block.model_copy(update={"identity_sha256": (
         facts.leg_identity.get(name) or {}).get("identity_sha256")})
-        for name, block in _runs(results, facts, tries).items()}
-    noise = noise_section(plan, results)
-    return ExperimentRecordV2(
-        schema=SCHEMA_ABBA, experiment=plan.name, date=facts.date, status=_status(f),
+        for name, block in leg_blocks(results, facts, tries).items()}
+    return ExperimentRecordV3(
+        schema=SCHEMA_ABBA, experiment=plan.name, date=facts.date, status=record_status(f),
         plan_sha256=plan.sha256,
         prior_approved_record=PriorApprovedRecord(id=plan.prior.id, tok_s=plan.prior.value_tok_s),
         attempts=[Attempt.model_validate(a) for a in attempts],
-        quality=_quality(results, facts, f, tries).model_copy(
+        quality=quality_section(results, facts, f, tries).model_copy(
             update={"source_identity_passed_all_legs": f.identity_ok}),
-        verdict=f.verdict, record_gate=_whole(f.gate),
-        metric_accounting=HeadlineAccounting.model_validate(accounting(plan, f.headline)),
-        log_facts=_LOG_FACTS.validate_python(log_facts(results)),
-        operational=Operational.model_validate(operational(results, idle_gaps)),
-        reproducibility=Reproducibility.model_validate(
-            {**reproducibility(facts.root), **portable_entries(facts)}),
-        source=_SOURCE.validate_python(facts.identity), hardware=_hardware(facts, f),
+        verdict=f.verdict, record_gate=whole(f.gate),
+        metric_accounting=accounting(plan, f.headline),
+        log_facts=log_facts(results),
+        operational=operational(results, idle_gaps),
+        reproducibility=reproducibility(facts.root).model_copy(update=portable_entries(facts)),
+        source=_SOURCE.validate_python(facts.identity), hardware=hardware_section(facts, f),
         artifacts=AbbaArtifacts(root=facts.root, **artifact_entries(facts.documents_sha256)),
-        submission=Empty(), treatment=_ARMS.validate_python(_arms(plan)),
+        submission=Empty(), treatment=arm_sections(plan),
         protocol=protocol.model_copy(update={"prefix_history_response_reuse": not (
             protocol.prompts_unique_per_leg and protocol.each_prompt_run_once
             and protocol.cached_tokens_all_zero)}),
-        runs=runs, pair_results={k: _whole(v) for k, v in f.pairs.items()},
-        verdict_analysis=None if f.analysis is None else _whole(f.analysis),
+        runs=runs, pair_results={k: whole(v) for k, v in f.pairs.items()},
+        verdict_analysis=None if analysis is None else whole(analysis),
         power=None if power is None else PowerReport.model_validate(dict(power)),
-        server_log_facts=_SERVER_LOG_FACTS.validate_python(
-            {name: server_log_facts(r) for name, r in results.items()}),
-        speculative=_SPECULATIVE.validate_python(speculative_section(plan, facts)),
+        server_log_facts={name: server_log_facts(r) for name, r in results.items()},
+        speculative=speculative_section(plan, facts),
         component_evidence=_COMPONENTS.validate_python({c["name"]: c for c in facts.components}),
-        model=ModelSection.model_validate(model_section(plan, facts)),
-        unchanged_record_stack=UnchangedStack.model_validate(unchanged_stack(plan)),
+        model=model_section(plan, facts),
+        unchanged_record_stack=unchanged_stack(plan),
         prior_recheck=None if facts.prior_recheck is None
         else PriorRecheck.model_validate(facts.prior_recheck),
-        noise_diagnostic=None if noise is None else NoiseDiagnostic.model_validate(noise),
-        sequential=None if f.seq is None else _whole(f.seq),
+        noise_diagnostic=noise_section(plan, results),
+        sequential=None if f.seq is None else whole(f.seq),
         # Every key, sweep.sequential included (null unless the sweep was sequential): v2
         # left it out, and record.migrate fills it for a v2 record.
         sweep=None if f.swept is None else SweepSection.model_validate(
@@ -300,21 +269,22 @@ def _v2(plan: Plan, results: Mapping[str, LegResult], rows: Mapping[str, Sequenc
     )
 
 
-def _status(f: _Findings) -> Literal["strict_preregistered_record_pass", "no_record"]:
+def record_status(f: Findings) -> Literal["strict_preregistered_record_pass", "no_record"]:
     return "strict_preregistered_record_pass" if f.gate.strict_preregistered_record_pass \
         else "no_record"
 
 
-def _arms(plan: Plan) -> dict[str, Any]:
-    return {name: _redacted_arm(arm) for name, arm in plan.all_arms.items()}
+def arm_sections(plan: Plan) -> dict[str, Arm]:
+    """The plan's arms as the record shows them (secret-looking values redacted)."""
+    return {name: redacted_arm(arm) for name, arm in plan.all_arms.items()}
 
 
-def _hardware(facts: EvidenceFacts, f: _Findings) -> Hardware | None:
+def hardware_section(facts: EvidenceFacts, f: Findings) -> Hardware | None:
     hw = facts.hardware[f.design[0].name]
     return None if hw is None else Hardware.model_validate(hw)
 
 
-def _protocol(cls: type[_P], plan: Plan, results: Mapping[str, LegResult],
+def protocol_section(cls: type[_P], plan: Plan, results: Mapping[str, LegResult],
               rows: Mapping[str, Sequence[RowRecord]], idle_gaps: Mapping[str, float],
               **more: Any) -> _P:
     legs = list(results.values())
@@ -339,13 +309,13 @@ def _protocol(cls: type[_P], plan: Plan, results: Mapping[str, LegResult],
     )
 
 
-def _quality(results: Mapping[str, LegResult], facts: EvidenceFacts, f: _Findings,
+def quality_section(results: Mapping[str, LegResult], facts: EvidenceFacts, f: Findings,
              tries: Mapping[str, int]) -> AbbaQuality:
     legs = list(results.values())
     all_valid = all(r.valid for r in legs)
     return AbbaQuality(
         all_legs_teacher_exact=_summed(legs, TEACHER_EXACT),
-        all_legs_cross_exact=f.cross.status is GateStatus.PASS, cross_leg_exact=_whole(f.cross),
+        all_legs_cross_exact=f.cross.status is GateStatus.PASS, cross_leg_exact=whole(f.cross),
         all_legs_cached_zero=_summed(legs, CACHED_TOKENS_ZERO),
         full_output_then_next_exact=_summed(legs, FULL_OUTPUT_THEN_NEXT),
         long_then_next_exact=_summed(legs, LONG_CONTEXT_THEN_NEXT),
@@ -362,7 +332,7 @@ def _quality(results: Mapping[str, LegResult], facts: EvidenceFacts, f: _Finding
     )
 
 
-def _runs(results: Mapping[str, LegResult], facts: EvidenceFacts, tries: Mapping[str, int]
+def leg_blocks(results: Mapping[str, LegResult], facts: EvidenceFacts, tries: Mapping[str, int]
           ) -> dict[str, LegBlock]:
     return {name: _leg_block(r, tries[name], facts) for name, r in results.items()}
 

@@ -37,10 +37,10 @@ from tokrecord.gates.teacher import Teacher, load_teacher
 from tokrecord.identity import sha256_file
 from tokrecord.jsontypes import JSONObject
 from tokrecord.record import EvidenceFacts
-from tokrecord.record.abba import abba_record
 from tokrecord.record.exactness import document_hashes, exactness_documents, stated_hashes
 from tokrecord.record.ids import SCHEMA_ABBA
-from tokrecord.record.schema import validate_record
+from tokrecord.record.migrate_v1 import abba_builder
+from tokrecord.record.schema import AnyRecord, validate_record
 from tokrecord.record.single import single_leg_record
 
 
@@ -55,11 +55,17 @@ def build_record(plan: Plan, exp_dir: Path, results: Mapping[str, LegResult],
     docs = _documents(plan, exp_dir, run_dirs, outs)
     facts = evidence_facts(exp_dir, results, plan, document_hashes(docs))
     if plan.design_spec.record_form is RecordForm.SINGLE_LEG:
-        return single_leg_record(plan, results["B1"], tries, facts)
-    power_path = exp_dir / layout.POWER
-    power = json.loads(power_path.read_text(encoding="utf-8")) if power_path.exists() else None
-    return abba_record(plan, results, rows, outs, tries, idle_gaps(exp_dir), facts, power,
-                       schema or SCHEMA_ABBA, sweep_method)
+        built: AnyRecord = single_leg_record(plan, results["B1"], tries, facts)
+    else:
+        power_path = exp_dir / layout.POWER
+        power = json.loads(power_path.read_text(encoding="utf-8")) if power_path.exists() \
+            else None
+        # The current builder, or the v1 recompute for a v1 record (record.migrate_v1).
+        build = abba_builder(schema or SCHEMA_ABBA)
+        built = build(plan, results, rows, outs, tries, idle_gaps(exp_dir), facts, power,
+                      sweep_method)
+    # As record.json holds it: the keys each section was given, none it was not.
+    return built.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 def leg_outcomes(plan: Plan, run_dirs: Mapping[str, tuple[Path, str]]

@@ -17,6 +17,12 @@ over the files as stored (evidence.seal); only the in-memory reading is upgraded
 A new field means a new schema id and one upgrade step: add the id (record.ids), make the
 id it replaces an older form here with one `_upgrade_*` function, and nothing in the
 readers changes.
+
+experiment-record/v1 is the one form the ladder leaves as itself: verify recomputes it in
+its own form, and that recompute (the v1 builder) is this module's companion,
+record/migrate_v1.py. It cannot live here: it builds with record.abba and record.schema,
+and the schema imports this module. `recomputed_as` says which form a stored record is
+recomputed in; record.migrate_v1.abba_builder turns that into the builder.
 """
 
 from __future__ import annotations
@@ -168,7 +174,8 @@ class _Step:
     to: str  # the schema id of the form it yields
 
 
-# One step per older record id. experiment-record/v1 yields itself: see _upgrade_abba_v1.
+# One step per older record id. experiment-record/v1 yields itself (see _upgrade_abba_v1):
+# it is recomputed by its own builder, record.migrate_v1.abba_record_v1.
 _RECORD_STEPS: Final[Mapping[str, _Step]] = {
     SCHEMA_ABBA_V1: _Step(_upgrade_abba_v1, SCHEMA_ABBA_V1),
     SCHEMA_ABBA_V2: _Step(_upgrade_abba_v2, SCHEMA_ABBA),
@@ -195,6 +202,17 @@ def load_current(obj: Mapping[str, object], source: str) -> Upgraded:
             break
         schema = step.to
     return Upgraded(obj=doc, filled=filled, stored_schema=stored)
+
+
+def recomputed_as(stored_schema: str) -> str:
+    """The form a record stored as `stored_schema` is recomputed in (verify): the current
+    form of its kind, reached by the ladder, or the stored form itself where that form is
+    its own latest version (experiment-record/v1: record.migrate_v1). An id the ladder
+    does not know is returned as it is, for the caller to refuse."""
+    schema = stored_schema
+    while (step := _RECORD_STEPS.get(schema)) is not None and step.to != schema:
+        schema = step.to
+    return schema
 
 
 # -- versions -----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Record forms, told apart by their ``schema`` key:
 
-* ``tokrecord.experiment-record/v3`` (``ExperimentRecordV2``, the k-block form): an ABBA,
+* ``tokrecord.experiment-record/v3`` (``ExperimentRecordV3``, the k-block form): an ABBA,
   A/A or sweep experiment;
 * ``tokrecord.single-leg-record/v2`` (``SingleLegRecord``): one leg against a goal;
 * ``tokrecord.experiment-record/v1`` (``ExperimentRecord``): one ABBA block, as written
@@ -587,7 +587,7 @@ class ComponentEvidence(_Section):
 
 
 class SingleTreatment(_Section):
-    """The single-leg seed's treatment section (record.treatment_section)."""
+    """The single-leg seed's treatment section (record.single.treatment_section)."""
 
     arm: ArmName
     selector: str
@@ -630,7 +630,7 @@ class GraphFacts(_Section):
     not_reported: list[str]
 
 
-class ExperimentRecordV2(_ExperimentCommon):
+class ExperimentRecordV3(_ExperimentCommon):
     """``tokrecord.experiment-record/v3`` (and v2, upgraded by record.migrate): ABBA (or
     A/A, or a sweep) over k blocks, with the leg-level verdict (``verdict_analysis``) and
     the preregistered power."""
@@ -808,11 +808,11 @@ def _leg_dirs(protocol: AbbaProtocol, runs: Mapping[str, LegBlock]
 # the record names, idle gap before it) in run order; a section a form does not have
 # (v2's verdict_analysis, power, sequential, sweep and noise_diagnostic in v1; v1's
 # bootstrap in v2; the experiment sections in a single-leg record) reads as None.
-AbbaRecord = ExperimentRecord | ExperimentRecordV2
-AnyRecord = ExperimentRecord | ExperimentRecordV2 | SingleLegRecord
+AbbaRecord = ExperimentRecord | ExperimentRecordV3
+AnyRecord = ExperimentRecord | ExperimentRecordV3 | SingleLegRecord
 Record = Annotated[AnyRecord, Field(discriminator="schema_id")]
 RECORD_ADAPTER: TypeAdapter[AnyRecord] = TypeAdapter(Record)
-_RECORD_MODELS: Final = (ExperimentRecord, ExperimentRecordV2, SingleLegRecord)
+_RECORD_MODELS: Final = (ExperimentRecord, ExperimentRecordV3, SingleLegRecord)
 _OPTIONAL_KEYS: Final = frozenset({"seal"})  # of the record models only
 
 
@@ -847,7 +847,7 @@ def validate_record(obj: Mapping[str, Any], *, source: str = "record",
     if null is not None:
         raise ConfigError(f"{source}: key '{_dotted(null)}': Value error, either absent (a "
                           "record sealed before the probes) or a boolean, never null")
-    if isinstance(record, ExperimentRecordV2):
+    if isinstance(record, ExperimentRecordV3):
         _check_design(record, source)
     record._stored_schema = upgraded.stored_schema
     record._filled = upgraded.filled
@@ -863,7 +863,7 @@ def load_record(path: Path) -> AnyRecord:
     return validate_record(obj, source=str(path), older_form_ok=True)
 
 
-def _check_design(record: ExperimentRecordV2, source: str) -> None:
+def _check_design(record: ExperimentRecordV3, source: str) -> None:
     """v2 names its legs and pairs by the design: each one the protocol names must be there,
     and no other."""
     legs = record.protocol.leg_names()

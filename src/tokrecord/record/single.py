@@ -2,7 +2,8 @@
 (record.schema.SingleLegRecord): mypy checks every section's fields when it is built,
 instead of validation finding a misspelt key when the record is written.
 
-Kept apart from record/__init__.py because the schema imports that module's constants.
+The sections every record form shares are built, as their models, in record/__init__.py;
+this module builds the single-leg form's own.
 """
 
 from __future__ import annotations
@@ -42,13 +43,8 @@ from tokrecord.record.schema import (
     GateDetail,
     GraphFacts,
     Hardware,
-    LogFact,
-    LogFactFound,
     MetricAccounting,
-    ModelSection,
-    Operational,
     PriorRecheck,
-    Reproducibility,
     SingleArtifacts,
     SingleFigures,
     SingleHashes,
@@ -57,15 +53,14 @@ from tokrecord.record.schema import (
     SingleTreatment,
     Source,
     SpeculativeSection,
-    UnchangedStack,
 )
 
 
 def single_leg_record(
     plan: Plan, result: LegResult, attempts: Sequence[Mapping[str, Any]], facts: EvidenceFacts
-) -> dict[str, Any]:
-    """The seeds/single-leg-record.json form: value, goal, prior approved, prior best; as
-    record.json holds it (the keys each section was given, none it was not)."""
+) -> SingleLegRecord:
+    """The seeds/single-leg-record.json form: value, goal, prior approved, prior best
+    (record.build writes the keys each section was given, none it was not)."""
     value = result.summary.tok_s_out
     beats = value is not None and plan.prior.value_tok_s is not None \
         and value > plan.prior.value_tok_s
@@ -73,7 +68,7 @@ def single_leg_record(
     blockers = identity_reasons + component_reasons(facts.components)
     passed = result.valid and beats and not blockers
     hw = facts.hardware[result.name]
-    record = SingleLegRecord(
+    return SingleLegRecord(
         schema=SCHEMA_SINGLE, date=facts.date, status="record_pass" if passed else "no_record",
         plan_sha256=plan.sha256, metric=plan.metric, metric_accounting=_accounting(plan, result),
         record=_figures(plan, result), summary=_summary(result),
@@ -84,18 +79,17 @@ def single_leg_record(
         source_identity_passed=identity_ok,
         attempts=[Attempt.model_validate(a) for a in attempts],
         treatment=treatment_section(plan, result, facts),
-        model=ModelSection.model_validate(model_section(plan, facts)),
-        unchanged_record_stack=UnchangedStack.model_validate(unchanged_stack(plan)),
+        model=model_section(plan, facts),
+        unchanged_record_stack=unchanged_stack(plan),
         prior_recheck=None if facts.prior_recheck is None
         else PriorRecheck.model_validate(facts.prior_recheck),
         component_evidence=_COMPONENTS.validate_python({c["name"]: c for c in facts.components}),
-        log_facts=_LOG_FACTS.validate_python(log_facts({"B1": result})),
-        server_log_facts=_SERVER_LOG_FACTS.validate_python(server_log_facts(result)),
+        log_facts=log_facts({"B1": result}),
+        server_log_facts=server_log_facts(result),
         graph=graph_facts(result),
         speculative=_SPECULATIVE.validate_python(speculative_section(plan, facts)),
-        operational=Operational.model_validate(operational({"B1": result}, {})),
-        reproducibility=Reproducibility.model_validate(
-            {**reproducibility(facts.root), **portable_entries(facts)}),
+        operational=operational({"B1": result}, {}),
+        reproducibility=reproducibility(facts.root).model_copy(update=portable_entries(facts)),
         sha256=_hashes(result, facts), source=_SOURCE.validate_python(facts.identity),
         hardware=None if hw is None else Hardware.model_validate(hw),
         # Every field given, as the leg wrote it (the dump keeps only the fields given).
@@ -105,12 +99,9 @@ def single_leg_record(
                                   **artifact_entries(facts.documents_sha256)),
         submission=Empty(),
     )
-    return record.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 _SOURCE: TypeAdapter[Any] = TypeAdapter(Source)
-_LOG_FACTS = TypeAdapter(dict[str, list[LogFact]])
-_SERVER_LOG_FACTS = TypeAdapter(dict[str, LogFactFound])
 _COMPONENTS = TypeAdapter(dict[str, ComponentEvidence])
 _SPECULATIVE = TypeAdapter(dict[ArmName, SpeculativeSection | None])
 
@@ -118,7 +109,7 @@ _SPECULATIVE = TypeAdapter(dict[ArmName, SpeculativeSection | None])
 def _accounting(plan: Plan, result: LegResult) -> MetricAccounting:
     conv, goal = result.summary.tok_s_out_conventional, plan.prior.goal_tok_s
     return MetricAccounting(
-        **convention_figures(plan, result.summary), conventional_goal_tok_s=goal,
+        **dict(convention_figures(plan, result.summary)), conventional_goal_tok_s=goal,
         conventional_margin_to_goal_tok_s=conv - goal if conv is not None and goal else None,
     )
 

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Final
 
-from tokrecord.record.schema import ExperimentRecordV2, LegBlock
+from tokrecord.record.schema import ExperimentRecordV3, LegBlock
 from tokrecord.report import fmt
 from tokrecord.report.model import SweepRow
 from tokrecord.report.svg import MUTED, Chart, nice_range
@@ -28,7 +28,7 @@ def _median(values: Sequence[float | None]) -> float | None:
     return float(statistics.median(found)) if found else None
 
 
-def sweep_rows(record: ExperimentRecordV2) -> tuple[SweepRow, ...]:
+def sweep_rows(record: ExperimentRecordV3) -> tuple[SweepRow, ...]:
     """One row per arm, control first, in the record's arm order."""
     if record.sweep is None:
         return ()
@@ -51,7 +51,7 @@ def sweep_rows(record: ExperimentRecordV2) -> tuple[SweepRow, ...]:
     return tuple(out)
 
 
-def sweep_statement(record: ExperimentRecordV2) -> str | None:
+def sweep_statement(record: ExperimentRecordV3) -> str | None:
     if record.sweep is None:
         return None
     a, g = record.sweep.analysis, record.sweep.gate
@@ -63,7 +63,7 @@ def sweep_statement(record: ExperimentRecordV2) -> str | None:
             + ("passed" if g.passed else "; ".join(g.reasons) or "not passed"))
 
 
-def sweep_looks_lines(record: ExperimentRecordV2) -> list[str]:
+def sweep_looks_lines(record: ExperimentRecordV3) -> list[str]:
     """A sequential sweep's looks, one line each, and where it stopped (none for a fixed
     sweep)."""
     seq = record.sweep.sequential if record.sweep is not None else None
