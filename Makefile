@@ -69,11 +69,12 @@ lint: setup
 # goes where): the independent tests on both cores (pytest-xdist), then, alone, the real
 # engines and the tests that need the machine to themselves. Both groups always run and
 # print their slowest tests; the target fails if either fails. PYTEST_ARGS reaches both.
-# Three workers on two cores: the fake-server experiments partly wait in real time (server
-# start, idle gaps, paced rows), and a third worker fills the cores those waits leave idle.
-# Four were no faster on a loaded machine and flipped three real-time checks (issue 28).
+# Four workers on two cores: the fake-server experiments partly wait in real time (server
+# start, idle gaps, paced rows), and the extra workers fill the cores those waits leave idle.
+# Quiet machine, `make test-fast` (issue 28): 122.5 s with three, 109.3 s with four, the same
+# 169 s of CPU. (Four were no faster before the per-leg CPU came down, on a loaded machine.)
 # tests/conftest.py hands the longest modules out first.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 4
 # pytest caches each test module's assertion rewrite in __pycache__ (gitignored) unless
 # bytecode writing is off: collecting the suite costs 7 s of CPU uncached, 3 s cached, in
 # every worker and in the serial run.
@@ -89,9 +90,8 @@ test: engine lint
 	$(BIN)/python -m pytest -m "engine or serial" --durations=15 $(PYTEST_ARGS) || rc=$$?; \
 	exit $$rc
 
-# Without the real engine: fake server and pure code only (4.6 min on 2 cores, quiet machine:
-# 4.4 parallel + 0.2 serial, before issue 28's third round; 3.6 min after it at load ~5,
-# 274 s of CPU; 3.4 min after its fourth, load 1 to 3, 265 s of CPU; the target is 2 min).
+# Without the real engine: fake server and pure code only. Target 2 min on 2 cores (issue 28):
+# 109 s on a quiet machine (102 parallel + 6 serial; 169 s of CPU).
 test-fast: setup
 	scripts/ensure-chromium >/dev/null
 	rc=0; \

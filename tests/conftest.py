@@ -2,7 +2,7 @@
 
 `make test` runs the suite in two groups, one after the other:
 
-1. **parallel** (`pytest -n 3 -m "not engine and not serial"`, pytest-xdist; three
+1. **parallel** (`pytest -n 4 -m "not engine and not serial"`, pytest-xdist; four
    workers on two cores, since the fake-server experiments partly wait): the
    default. A test belongs here when it owns everything it touches: its files under
    `tmp_path`, servers on port 0, fake clocks. Most tests are this.
