@@ -13,7 +13,7 @@ from probes_support import FakeClock
 from tokrecord.engines import ENGINES, EngineName
 from tokrecord.errors import ConfigError, ServerError
 from tokrecord.server import ServerProcess, free_port, port_is_listening, render_argv
-from tokrecord.server.process import ready_poll_wait_s
+from tokrecord.server.process import PortHold, ready_poll_wait_s
 
 
 def fake(port: int, *extra: str) -> list[str]:
@@ -32,6 +32,27 @@ def test_ready_then_clean_stop(tmp_path: Path) -> None:
     assert report.sigterm_sent and not report.sigkill_sent
     assert report.surviving_workers == 0 and not report.port_listening_after
     assert "listening" in (tmp_path / "server.log").read_text()
+
+
+def test_a_held_port_is_no_one_elses_until_its_server_starts(tmp_path: Path) -> None:
+    # A port a leg chose itself stays bound from the choice to the server's start: no other
+    # process can take it in between (four test workers once did, issue 28).
+    hold = PortHold()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other, \
+            pytest.raises(OSError):
+        other.bind(("127.0.0.1", hold.port))
+    server = ServerProcess(fake(hold.port), port=hold.port, log_path=tmp_path / "server.log",
+                           hold=hold)
+    with server:  # start gives the port to the server
+        server.wait_ready(30, engine=ENGINES[EngineName.VLLM])
+        assert port_is_listening(hold.port)
+    assert server.cleanup is not None and server.cleanup.passed
+    # A hold whose server never starts is given back.
+    unused = PortHold()
+    ServerProcess(fake(unused.port), port=unused.port, log_path=tmp_path / "unused.log",
+                  hold=unused).release_hold()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.bind(("127.0.0.1", unused.port))
 
 
 def test_early_exit_quotes_log_tail(tmp_path: Path) -> None:

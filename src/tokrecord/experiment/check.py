@@ -21,8 +21,8 @@ from tokrecord.engines import EngineName
 from tokrecord.errors import TokrecordError
 from tokrecord.experiment.plan import Plan, plan_engine, speculative_configs
 from tokrecord.server.process import (
+    PortHold,
     ServerProcess,
-    free_port,
     log_error_line,
     render_argv,
     resolve_program,
@@ -103,13 +103,15 @@ def static_problems(plan: Plan, *, resolve: Callable[[str], str | None] = resolv
 def start_arm(plan: Plan, arm: str, workdir: Path, observer: CheckObserver) -> ArmStart:
     """Start one arm's server to readiness and stop it; its log stays in workdir."""
     spec, chosen = plan.server, plan.all_arms[arm]
-    port = free_port(spec.host)
+    hold = PortHold(spec.host)  # held until the server starts (server.process.PortHold)
+    port = hold.port
     argv = render_argv((*spec.argv, *chosen.extra_args),
                        {"port": str(port), "host": spec.host, "model": spec.model})
     observer.arm_starting(arm, argv)
     log = workdir / f"{arm}.server.log"
     server = ServerProcess(argv, port=port, host=spec.host, log_path=log,
-                           env={**spec.env, **chosen.env}, stop_grace_s=spec.stop_grace_s)
+                           env={**spec.env, **chosen.env}, stop_grace_s=spec.stop_grace_s,
+                           hold=hold)
     key = f"arms.{arm}" if chosen.extra_args or chosen.env else "server"
     try:
         with server:

@@ -85,8 +85,8 @@ from tokrecord.server.process import (
     LEG_ENV,
     RUN_DIR_ENV,
     CleanupReport,
+    PortHold,
     ServerProcess,
-    free_port,
     render_argv,
 )
 from tokrecord.suite import Suite, SuiteRow
@@ -475,15 +475,17 @@ def run_leg(
     # Detected once per leg: a note (no NVML, no RAPL) is evidence too.
     probe_set = probes if probes is not None else detect()
     spec = config.server
-    port = spec.port or free_port(spec.host)
+    # A port the plan leaves open is chosen now and held until the server starts.
+    hold = None if spec.port else PortHold(spec.host)
+    port = spec.port or (hold.port if hold is not None else 0)
     argv = render_argv(spec.argv, {"port": str(port), "host": spec.host, "model": spec.model})
     # The leg's clock: every recorded time is nanoseconds since this instant.
     epoch_ns = time.perf_counter_ns()
     _write_inputs(run, config, argv, port, epoch_ns)
     events = run.jsonl(layout.EVENTS)
     raw_fd = run.raw_fd(layout.RAW_READS)
-    leg = _Leg(run, config, obs, probe_set, _leg_server(run, config, argv, port), events, raw_fd,
-               epoch_ns, argv, port)
+    leg = _Leg(run, config, obs, probe_set, _leg_server(run, config, argv, port, hold), events,
+               raw_fd, epoch_ns, argv, port)
     st = _LegState(t0=time.monotonic())
     make_http = http_factory or (
         # verify=False: the server's base URL is plain http (ServerProcess.base_url), so no
@@ -504,6 +506,7 @@ def run_leg(
         st.error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
+        leg.server.release_hold()
         _end_leg(leg, st, teacher)
     return _write_results(run, config, st, teacher)
 
@@ -524,14 +527,15 @@ class _Leg:
     port: int
 
 
-def _leg_server(run: RunDir, config: LegConfig, argv: list[str], port: int) -> ServerProcess:
+def _leg_server(run: RunDir, config: LegConfig, argv: list[str], port: int,
+                hold: PortHold | None) -> ServerProcess:
     # The leg's name goes to the server as TOKRECORD_LEG: a wrapper script (or the fake
     # server's seeded leg jitter) may use it; nothing else is added to the arm's env.
     spec = config.server
     return ServerProcess(argv, port=port, host=spec.host, log_path=run.file(layout.SERVER_LOG),
                          env={**spec.env, LEG_ENV: config.name,
                               RUN_DIR_ENV: str(run.path.resolve())},
-                         stop_grace_s=spec.stop_grace_s)
+                         stop_grace_s=spec.stop_grace_s, hold=hold)
 
 
 def _start_and_stream(leg: _Leg, st: _LegState,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tokrecord.server.process import (
         CleanupReport,
+        PortHold,
         ServerProcess,
         check_port_free,
         free_port,
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CleanupReport",
+    "PortHold",
     "ServerProcess",
     "check_port_free",
     "free_port",

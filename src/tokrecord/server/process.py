@@ -109,6 +109,27 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+class PortHold:
+    """A port tokrecord chose itself, kept bound (never listening) until its server starts.
+
+    Between choosing a free port and the server binding it, a leg writes its inputs, waits
+    for the idle gate and starts the sampler: half a second in which another process asking
+    the kernel for a free port could be given the same one (four test workers starting
+    fake servers were, issue 28). Held, the port is not free to anyone else; the hold is
+    released just before the server starts, which leaves only the server's own start-up.
+    """
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._sock: socket.socket | None = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind((host, 0))
+        self.port = int(self._sock.getsockname()[1])
+
+    def release(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
     """Refuse a taken port up front: a stale server there would answer our requests."""
     if port_is_listening(port, host):
@@ -289,11 +310,13 @@ class ServerProcess:
         env: Mapping[str, str] | None = None,
         host: str = "127.0.0.1",
         stop_grace_s: float = 15.0,
+        hold: PortHold | None = None,
     ) -> None:
         if not argv:
             raise ConfigError("server command is empty")
         self.argv = list(argv)
         self.port = port
+        self._hold = hold  # released at start, or at stop when it never started
         self.host = host
         self.log_path = log_path
         self.env = dict(env or {})
@@ -322,7 +345,13 @@ class ServerProcess:
             raise ServerError("server was not started")
         return self._proc.pid
 
+    def release_hold(self) -> None:
+        """Give back the held port (a leg that ends before its server starts)."""
+        if self._hold is not None:
+            self._hold.release()
+
     def start(self) -> None:
+        self.release_hold()
         check_port_free(self.port, self.host)
         env = {**server_environ(os.environ), **self.env}
         # Exclusive create: a run dir's server log is evidence and is never replaced.
@@ -512,5 +541,6 @@ class ServerProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.release_hold()
         if self._proc is not None:
             self.stop()
