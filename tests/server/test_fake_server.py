@@ -402,7 +402,15 @@ def test_metrics_counters_and_concurrency(start_server: StartServer) -> None:
             during = counters(client, server.url)
         assert client.get(f"{server.url}/health").status_code == 200
         worker.join(timeout=10)
+        # The client has the whole stream once it reads [DONE]; the server's handler counts
+        # the generation finished, then books its tokens, only after that last write
+        # returns: wait for both.
+        deadline = time.monotonic() + 10
         after = counters(client, server.url)
+        while (after["tokrecord_fake_active_generations"] != 0
+               or after["vllm:generation_tokens_total"] == before["vllm:generation_tokens_total"]
+               ) and time.monotonic() < deadline:
+            after = counters(client, server.url)
     assert len(result[0].token_events()) == 20
     assert during["tokrecord_fake_active_generations"] == 1
     assert during["vllm:num_requests_running"] == 1
