@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from plan_support import plan_toml, write_plan
+from probes_support import FAST_IDLE_TOML
 from tokrecord.experiment.noise import DIAGNOSIS_ONLY
 from tokrecord.experiment.runner import run_experiment
 from tokrecord.record.build import build_record, finish
@@ -15,7 +16,15 @@ from tokrecord.record.verify import verify_dir
 
 
 def test_an_experiment_records_covariates_and_its_noise_diagnostic(tmp_path: Path) -> None:
-    path, plan = write_plan(tmp_path, plan_toml("noise", control=2000, candidate=2000, rows=2))
+    # Covariates are read from the telemetry samples inside each leg's suite window, so that
+    # window must hold several: 2 rows x 110 tokens at 500 tok/s stream for 0.44 s, sampled
+    # every 0.05 s. (At 2000 tok/s and the usual 0.25 s a window of ~0.15 s held no sample
+    # when a fresh run's 4 workers loaded the 2 cores, and host_load1 read None.)
+    text = plan_toml("noise", control=500, candidate=500, rows=2)
+    fast = FAST_IDLE_TOML.replace("[telemetry]\ninterval_s = 0.25", "[telemetry]\ninterval_s = 0.05")
+    assert fast != FAST_IDLE_TOML
+    path, plan = write_plan(tmp_path, text.replace(FAST_IDLE_TOML, fast))
+    assert plan.telemetry.interval_s == 0.05
     exp = tmp_path / "exp"
     results = run_experiment(plan, exp, plan_text=path.read_bytes())
     record = build_record(plan, exp, results)

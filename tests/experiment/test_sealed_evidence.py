@@ -51,8 +51,9 @@ def abba(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     root = tmp_path_factory.mktemp("components")
     shutil.copytree(H200, root / "traces")
     identity = f'\n[identity]\nmodel_path = "{model_dir(root)}"\n'
+    # No sampler: component evidence is not about telemetry.
     path, plan = write_plan(root, plan_toml("components", control=1000, candidate=1200,
-                                            extra=COMPONENT + identity))
+                                            extra=COMPONENT + identity, telemetry=False))
     exp = root / "exp"
     results = run_experiment(plan, exp, plan_text=path.read_bytes())
     record = build_record(plan, exp, results)

@@ -4,12 +4,16 @@ idle gates and telemetry on this host."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from paths import FIXTURES as FIXTURES_DIR
@@ -392,3 +396,41 @@ def test_a_failing_vendor_tool_is_a_probe_error_quoting_it() -> None:
     with pytest.raises(ProbeError, match="nonexistent-smi failed"):
         run_tool(["/nonexistent/nonexistent-smi", "-j"])
     assert run_tool([sys.executable, "-c", "print('ok')"]) == "ok\n"
+
+
+BURN = "import time\nend = time.time() + 30\nwhile time.time() < end:\n    pass\n"
+
+
+def test_the_host_scan_names_other_busy_processes_and_never_our_own() -> None:
+    # A real scan of /proc. Another process (a grandchild whose parent has exited, so no
+    # longer in our family) burns a core, and so do our child and its child. CPU shares are
+    # measured over real time: the scan is repeated until the other one shows (the event),
+    # within a deadline.
+    detach = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', sys.argv[1]],"
+              " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)")
+    other = psutil.Process(int(subprocess.run([sys.executable, "-c", detach, BURN],
+                                              capture_output=True, text=True, check=True).stdout))
+    own = psutil.Popen([sys.executable, "-c", detach.replace("print(p.pid)", "p.wait()"), BURN])
+    family = [own]
+    try:
+        deadline = time.monotonic() + 20
+        while len(family) < 2 and time.monotonic() < deadline:
+            family = [own, *own.children()]
+        assert len(family) == 2
+        probe = HostProbe()
+        seen: list[set[int]] = []
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            busy = probe.read().busy_processes
+            seen.append({p.pid for p in busy})
+            if other.pid in seen[-1]:
+                break
+        assert other.pid in seen[-1], seen
+        named = next(p for p in busy if p.pid == other.pid)
+        assert named.name.startswith("python") and named.cpu_pct >= 10
+        assert not {p.pid for p in family} & set().union(*seen), seen
+    finally:
+        for proc in [*family, other]:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        own.wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from pathlib import Path
@@ -128,6 +129,33 @@ def test_sigterm_ignored_is_killed_and_group_proven_empty(tmp_path: Path) -> Non
     assert report.surviving_workers == 0 and report.passed
     assert all(not psutil.pid_exists(c.pid) or c.status() == psutil.STATUS_ZOMBIE
                for c in children)
+
+
+def test_a_child_that_left_the_group_while_starting_is_stopped_too(tmp_path: Path) -> None:
+    # The family is learnt while the server starts (wait_ready, every FAMILY_TRACK_EVERY_S and
+    # at ready): a worker in its own session is outside the process group that stop signals,
+    # and only that tracking finds it.
+    port = free_port()
+    spawn = ("import os, subprocess, sys; "
+             "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+             "start_new_session=True); "
+             "print('detached', child.pid, flush=True); "
+             f"os.execv(sys.executable, {fake(port)!r})")
+    server = ServerProcess([sys.executable, "-c", spawn], port=port,
+                           log_path=tmp_path / "s.log", stop_grace_s=1.0)
+    with server:
+        server.wait_ready(30, engine=ENGINES[EngineName.VLLM])
+        line = next(t for t in (tmp_path / "s.log").read_text().splitlines()
+                    if t.startswith("detached"))
+        detached = psutil.Process(int(line.split()[1]))
+        assert os.getpgid(detached.pid) != os.getpgid(server.pid)
+        # Learnt by wait_ready itself, before stop looks again: a worker whose parent exits
+        # before the stop is found by nothing else.
+        assert detached.pid in {pid for pid, _ in server._tracked}
+    report = server.cleanup
+    assert report is not None and report.passed
+    assert detached.pid in report.tracked_pids
+    assert not detached.is_running() or detached.status() == psutil.STATUS_ZOMBIE
 
 
 def test_port_already_taken(tmp_path: Path) -> None:

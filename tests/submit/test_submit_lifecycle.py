@@ -38,7 +38,9 @@ from tokrecord.submit.target import ApiKey
 
 def _seal(root: Path, name: str, dialect: str | None, rows: int = SUITE_ROWS,
           max_tokens: int = MAX_TOKENS) -> Path:
-    text = plan_toml(name, control=1000, candidate=1050, rows=rows, idle=0)
+    # No sampler: the submission lifecycle is not about telemetry (test_submit_flow's
+    # `sealed` record submits one that has it).
+    text = plan_toml(name, control=1000, candidate=1050, rows=rows, idle=0, telemetry=False)
     if dialect is not None:
         text = text.replace(json.dumps(FAKE_ARGV), json.dumps([*FAKE_ARGV, "--dialect", dialect]))
     path, plan = write_plan(root, text, max_tokens)

@@ -22,9 +22,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Final, TypedDict
+from typing import TYPE_CHECKING, Any, Final, TypedDict
 
-import gguf
 import numpy as np
 import numpy.typing as npt
 import safetensors.numpy
@@ -40,6 +39,9 @@ from tokrecord.demo.model import (
     model_name,
     verify_manifest,
 )
+
+if TYPE_CHECKING:
+    import gguf
 
 # Bump when the converter's output changes for reasons the hash inputs do not capture (keys
 # written, their order, tensor order): it feeds the cache directory name.
@@ -128,6 +130,7 @@ def _vocab(tokenizer: Mapping[str, Any], vocab_size: int) -> tuple[list[str], li
     Token strings stay in byte-level form ("Ġ" for a space): llama.cpp's BPE vocabulary maps
     them back to bytes itself, as it does for every GPT-2-style GGUF.
     """
+    import gguf  # imported where a GGUF is written: it costs 0.25 s to load
     model = tokenizer["model"]
     if model.get("type") != "BPE":
         raise ValueError(f"tokenizer model is {model.get('type')!r}, expected BPE")
@@ -169,6 +172,7 @@ def write_gguf(model_dir: Path, out_file: Path, name: str = DEMO_MODEL_NAME, *,
     f32 unless ``f16`` (matrices in f16, 1-D norms kept f32 as llama.cpp's converter keeps
     them). ``layers`` keeps only the first N blocks with the same embeddings, final norm and
     head (a draft of the model). ``adjust(gguf_name, data)`` may change a tensor first."""
+    import gguf  # imported where a GGUF is written: it costs 0.25 s to load
     model_dir = Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     tokenizer = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
@@ -225,6 +229,7 @@ def _tensors(weights: Mapping[str, npt.NDArray[np.float32]], config: Mapping[str
 
 def _write_hparams(writer: gguf.GGUFWriter, config: Mapping[str, Any], name: str,
                    n_layers: int, f16: bool) -> None:
+    import gguf  # imported where a GGUF is written: it costs 0.25 s to load
     n_head = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
     head_dim = int(config.get("head_dim") or hidden // n_head)

@@ -29,10 +29,10 @@ from typing import Any, Final
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
-from scipy import stats as sps
 
 from tokrecord.errors import ConfigError
 from tokrecord.evidence import layout, read_jsonl
+from tokrecord.experiment import dist
 from tokrecord.experiment.design import Stopping
 from tokrecord.experiment.interim import abba_looks, look_blocks
 from tokrecord.experiment.plan import (
@@ -128,7 +128,7 @@ def simulate(effect_pct: float, noise: Noise, rows: int, blocks: Sequence[int],
 
 
 def fixed_design(blocks: int, confidence: float) -> tuple[list[int], list[float]]:
-    return [blocks], [float(sps.t.ppf(0.5 + confidence / 2, abba_df(blocks)))]
+    return [blocks], [float(dist.t_ppf(0.5 + confidence / 2, abba_df(blocks)))]
 
 
 def sequential_design(spec: SequentialSpec, confidence: float) -> tuple[list[int], list[float]]:

@@ -65,8 +65,8 @@ from typing import Final
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 from scipy import optimize
-from scipy import stats as sps
 
+from tokrecord.experiment import dist
 from tokrecord.experiment.plan import SequentialMethod, Spending
 from tokrecord.experiment.stats import Verdict, verdict
 
@@ -91,7 +91,7 @@ def spent(spending: Spending, alpha: float, fraction: float) -> float:
     if t <= 0:
         return 0.0
     if spending is Spending.OBRIEN_FLEMING:
-        return float(2 * sps.norm.sf(sps.norm.isf(alpha / 2) / math.sqrt(t)))
+        return float(2 * dist.norm_sf(dist.norm_isf(alpha / 2) / math.sqrt(t)))
     if spending is Spending.POCOCK:
         return alpha * math.log1p((math.e - 1) * t)
     raise ValueError(f"unknown spending {spending!r}")
@@ -116,7 +116,7 @@ def z_boundaries(fractions: tuple[float, ...], alpha: float,
     for t in ts:
         target = spent(spending, alpha, t) - used
         if not bounds:
-            c = float(sps.norm.isf(max(target, 1e-300)))
+            c = float(dist.norm_isf(max(target, 1e-300)))
             b = c * math.sqrt(t)
         else:
             dt = t - prev_t
@@ -125,7 +125,7 @@ def z_boundaries(fractions: tuple[float, ...], alpha: float,
 
             def crossing(b_try: float, mass: np.ndarray = mass, grid: np.ndarray = grid,
                          step: float = step) -> float:
-                return float(mass @ sps.norm.sf((b_try - grid) / step))
+                return float(mass @ dist.norm_sf((b_try - grid) / step))
 
             if target <= 0:
                 b = math.inf
@@ -144,10 +144,10 @@ def z_boundaries(fractions: tuple[float, ...], alpha: float,
         upper = b if math.isfinite(b) else _TAIL_SD * math.sqrt(t)
         new_grid = np.linspace(-_TAIL_SD * math.sqrt(t), upper, _GRID)
         if density.size == 0:
-            new_density = sps.norm.pdf(new_grid / math.sqrt(t)) / math.sqrt(t)
+            new_density = dist.norm_pdf(new_grid / math.sqrt(t)) / math.sqrt(t)
         else:
             step = math.sqrt(t - prev_t)
-            kernel = sps.norm.pdf((new_grid[:, None] - grid[None, :]) / step) / step
+            kernel = dist.norm_pdf((new_grid[:, None] - grid[None, :]) / step) / step
             new_density = kernel @ (weights * density)
         grid, density = new_grid, new_density
         weights = _simpson(grid)
@@ -230,7 +230,7 @@ def t_boundary(z: float, df: int) -> float:
     nominal one-sided level."""
     if not math.isfinite(z):
         return math.inf
-    return float(sps.t.isf(sps.norm.sf(z), df))
+    return float(dist.t_isf(dist.norm_sf(z), df))
 
 
 class LookInput(BaseModel):

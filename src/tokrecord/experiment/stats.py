@@ -34,8 +34,8 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 from scipy import integrate, special
-from scipy import stats as sps
 
+from tokrecord.experiment import dist
 from tokrecord.experiment.plan import Criteria, VerdictSpec
 
 
@@ -322,7 +322,7 @@ def fit_legs(values: NDArray[np.float64] | Sequence[float], blocks: Sequence[int
 def t_quantile(q: float, df: int) -> float:
     """scipy's t quantile, remembered: the interim looks ask for the same few again and
     again."""
-    return float(sps.t.ppf(q, df))
+    return float(dist.t_ppf(q, df))
 
 
 def hodges_lehmann(values: NDArray[np.float64]) -> float:
@@ -403,7 +403,7 @@ def _power(effect_pct: float, sd_pct: float, blocks: int, confidence: float,
     sigma = sd_pct / 100
     delta = math.log1p(effect_pct / 100)
     band = math.log1p(equivalence_pct / 100)
-    t = float(sps.t.ppf(0.5 + confidence / 2, df))
+    t = float(dist.t_ppf(0.5 + confidence / 2, df))
     scale = 1 / math.sqrt(blocks)  # se = s * scale; a balanced design
     if sigma == 0:
         return 1.0 if delta > band else 0.0

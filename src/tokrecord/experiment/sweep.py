@@ -30,8 +30,8 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict
 from scipy import optimize
-from scipy import stats as sps
 
+from tokrecord.experiment import dist
 from tokrecord.experiment.plan import Spending
 from tokrecord.experiment.sequential import Action
 from tokrecord.experiment.stats import (
@@ -135,8 +135,8 @@ def _inner(bound: NDArray[np.float64], p: int, two_sided: bool) -> NDArray[np.fl
     z, w = _HERMITE
     a, b = math.sqrt(_RHO), math.sqrt(1 - _RHO)
     shared = a * z[None, :]
-    up = sps.norm.cdf((bound[:, None] + shared) / b)
-    cell = up - sps.norm.cdf((-bound[:, None] + shared) / b) if two_sided else up
+    up = dist.norm_cdf((bound[:, None] + shared) / b)
+    cell = up - dist.norm_cdf((-bound[:, None] + shared) / b) if two_sided else up
     return np.asarray(np.power(np.clip(cell, 0, 1), p) @ w / math.sqrt(2 * math.pi))
 
 
@@ -146,7 +146,7 @@ def _chi_nodes(df: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     the chi2 quantile (so the heavy tail at small df is covered as well as the body);
     fixed nodes, so the verifier gets the same figure every time."""
     q, w = np.polynomial.legendre.leggauss(_U_NODES)
-    return np.sqrt(sps.chi2.ppf((q + 1) / 2, df) / df), w / 2
+    return np.sqrt(dist.chi2_ppf((q + 1) / 2, df) / df), w / 2
 
 
 def _expect_u(f: Callable[[NDArray[np.float64]], NDArray[np.float64]], df: int) -> float:

@@ -37,8 +37,8 @@ from functools import lru_cache
 from typing import Any, Final
 
 import numpy as np
-from scipy import stats as sps
 
+from tokrecord.experiment import dist
 from tokrecord.experiment.leg import LegResult
 from tokrecord.experiment.plan import Plan, SequentialSpec, Spending
 from tokrecord.experiment.sequential import Action, spent
@@ -126,7 +126,7 @@ def _single_look(p: int, df: int, target: float) -> float:
     and costs one t quantile where Dunnett's would be a root search per look."""
     if target <= 1e-15:
         return math.inf
-    return float(sps.t.isf(target / p, df))
+    return float(dist.t_isf(target / p, df))
 
 
 def boundaries(spec: SequentialSpec, k: int, confidence: float) -> tuple[float, ...]:

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
-from scipy import stats as sps
 
 from tokrecord.evidence.safe import excerpt
+from tokrecord.experiment import dist
 from tokrecord.experiment.plan import SequentialMethod, Spending, abba_design, abba_pairs
 from tokrecord.experiment.sequential import (
     ALPHA_FACTOR,
@@ -477,7 +477,7 @@ def _recompute_analysis(lint: _Linter, names: list[str], values: list[float | No
     for prefix, level in (("", conf), ("record_", r_conf)):
         if level is None:
             continue
-        t = float(sps.t.ppf(0.5 + level / 2, df))
+        t = float(dist.t_ppf(0.5 + level / 2, df))
         lint.close(f"{base}.{prefix}ci_low", math.exp(tau - t * se),
                    f"exp(effect - t({df}) se) at {100 * level:g} % {what}", rel_tol=RECOMPUTED_TOL)
         lint.close(f"{base}.{prefix}ci_high", math.exp(tau + t * se),

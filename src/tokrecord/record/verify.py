@@ -11,6 +11,7 @@ Each difference names the file and the field.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -21,7 +22,7 @@ from typing import Any
 
 from tokrecord.client.stream import replay_row
 from tokrecord.errors import TokrecordError
-from tokrecord.evidence import TornLineError, layout, read_jsonl, safe, scan_jsonl
+from tokrecord.evidence import TornLineError, layout, safe, scan_jsonl
 from tokrecord.evidence.seal import (
     ADDENDA_SUFFIX,
     ADDENDUM_FILE_NAME,
@@ -86,6 +87,8 @@ def diff(found: Any, expected: Any, field: str = "",
     `not_recorded`: the fields record.migrate filled with None because the stored form
     lacks them (evidence sealed before the key existed): not differences."""
     out: list[tuple[str, str]] = []
+    if found == expected:  # the common case, at C speed: a leaf below can then differ in none
+        return out
     if isinstance(found, Mapping) and isinstance(expected, Mapping):
         for key in sorted(set(found) | set(expected)):
             if key in _VOLATILE:
@@ -165,14 +168,17 @@ def _leg_config(run_dir: Path, base: Path, problems: list[Problem]
         return None, probes
 
 
-def verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | None]:
+def verify_leg(run_dir: Path, base: Path, torn_seen: dict[Path, list[int]] | None = None
+               ) -> tuple[list[Problem], LegResult | None]:
     """Recompute one leg from its raw evidence; compare with what it recorded.
+    `torn_seen` collects the torn lines of the raw events it read (an experiment's
+    verify names the unexplained ones without parsing the file again).
 
     The evidence may be a stranger's, re-sealed with their key: whatever its content
     makes a parser raise is a problem naming the leg, never a traceback."""
     try:
         _check_leg_files(run_dir)
-        return _verify_leg(run_dir, base)
+        return _verify_leg(run_dir, base, torn_seen)
     except safe.UnsafeEvidence as exc:
         return [Problem(file=_rel(Path(exc.file), base), field="(file)", message=exc.reason)], None
     except _MALFORMED as exc:
@@ -186,7 +192,8 @@ _MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, Recur
               UnicodeDecodeError, OSError, TokrecordError)
 
 
-def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | None]:
+def _verify_leg(run_dir: Path, base: Path, torn_seen: dict[Path, list[int]] | None
+                ) -> tuple[list[Problem], LegResult | None]:
     problems: list[Problem] = []
     config, probes = _leg_config(run_dir, base, problems)
     summary_raw = _load_json(run_dir / layout.SUMMARY, base, problems)
@@ -194,7 +201,7 @@ def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | N
     gates_raw = _load_json(run_dir / layout.GATES, base, problems)
     if config is None or summary_raw is None or rows_raw is None:
         return problems, None
-    replayed = _replay_rows(run_dir, base, config, rows_raw, problems)
+    replayed = _replay_rows(run_dir, base, config, rows_raw, problems, torn_seen)
     if replayed is None:
         return problems, None
     records, events = replayed
@@ -225,21 +232,32 @@ def _verify_leg(run_dir: Path, base: Path) -> tuple[list[Problem], LegResult | N
 
 
 def _replay_rows(run_dir: Path, base: Path, config: LegConfig, rows_raw: Any,
-                 problems: list[Problem]
+                 problems: list[Problem], torn_seen: dict[Path, list[int]] | None = None
                  ) -> tuple[list[RowRecord], Sequence[Mapping[str, Any]]] | None:
     """Each recorded row re-parsed from the raw events exactly as the live client parsed
     it, compared with rows.json; with the events. None when they cannot be replayed."""
+    path = run_dir / layout.EVENTS
     try:
-        events = read_jsonl(run_dir / layout.EVENTS)
+        events, torn = scan_jsonl(path)
+        if torn_seen is not None:
+            torn_seen[path] = torn
+        if torn:
+            raise TornLineError(path, torn[0])
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, TornLineError) as exc:
-        problems.append(Problem(file=_rel(run_dir / layout.EVENTS, base), field="(file)",
+        problems.append(Problem(file=_rel(path, base), field="(file)",
                                 message=f"cannot parse the raw events: {exc}"))
         return None
+    by_row: dict[Any, list[Mapping[str, Any]]] = {}
+    for event in events:
+        # Grouped once, by equality as a lookup: a row number that is no key (a list in a
+        # stranger's file) equals no row.
+        with contextlib.suppress(TypeError):
+            by_row.setdefault(event.get("row"), []).append(event)
     records: list[RowRecord] = []
     for stored in rows_raw.get("rows", []):
         i = int(stored["trace"]["row"])
         try:
-            trace = replay_row([e for e in events if e.get("row") == i], config.suite.rows[i],
+            trace = replay_row(by_row.get(i, []), config.suite.rows[i],
                                config.endpoint, config.adapter)
             records.append(RowRecord(trace=trace,
                                      metrics=row_metrics(trace.t_send_ns, trace.chunks)))
@@ -435,21 +453,29 @@ def _verify_addendum(directory: Path) -> list[Problem]:
     return problems
 
 
-def _torn_problems(exp_dir: Path) -> list[Problem]:
+def _check_jsonl_files(exp_dir: Path) -> None:
+    """Every JSONL file of an experiment that has a state log is a regular file within
+    the cap (UnsafeEvidence otherwise), before anything is read from any of them."""
+    state = exp_dir / layout.STATE
+    if state.exists():
+        for path in [state, *exp_dir.rglob("*.jsonl")]:
+            safe.check_regular(path, safe.JSONL_CAP)
+
+
+def _torn_problems(exp_dir: Path, seen: Mapping[Path, list[int]]) -> list[Problem]:
     """A torn JSONL line (a write cut by a kill or a full disk) must be named in the state
     log (`torn_jsonl`, written when the experiment resumed): a cut is evidence too, but
-    never an unexplained one."""
+    never an unexplained one. `seen`: the torn lines of the files already parsed."""
     state = exp_dir / layout.STATE
     if not state.exists():
         return []
-    for path in [state, *exp_dir.rglob("*.jsonl")]:
-        safe.check_regular(path, safe.JSONL_CAP)
     named = {(e.get("file"), e.get("line")) for e in scan_jsonl(state)[0]
              if e.get("event") == "torn_jsonl"}
     problems = []
     for path in sorted(exp_dir.rglob("*.jsonl")):
         rel = path.relative_to(exp_dir).as_posix()
-        for line in scan_jsonl(path)[1]:
+        torn = seen[path] if path in seen else scan_jsonl(path)[1]
+        for line in torn:
             if (rel, line) not in named:
                 problems.append(Problem(file=rel, field=f"line {line}",
                                         message="torn (not a whole JSON line) and not named in "
@@ -490,10 +516,14 @@ def _verify_experiment(exp_dir: Path) -> list[Problem]:
         problems.append(Problem(file=layout.PLAN_HASH, field="sha256",
                                 message=f"preregistered {safe.excerpt(registered)}, plan.json "
                                 f"hashes to {plan.sha256}"))
-    problems.extend(_torn_problems(exp_dir))
+    _check_jsonl_files(exp_dir)
+    # The torn-line problems come here, before the legs', once the legs' raw events (most
+    # of the bytes) have been parsed by their replay and not a second time.
+    torn_at = len(problems)
+    torn_seen: dict[Path, list[int]] = {}
     results: dict[str, LegResult] = {}
     for name, run_dir in _leg_dirs(exp_dir).items():
-        leg_problems, result = verify_leg(run_dir, exp_dir)
+        leg_problems, result = verify_leg(run_dir, exp_dir, torn_seen)
         problems.extend(leg_problems)
         if result is not None and name != "teacher":
             if result.plan_sha256 != plan.sha256:
@@ -501,6 +531,7 @@ def _verify_experiment(exp_dir: Path) -> list[Problem]:
                                         field="plan_sha256",
                                         message="leg does not carry the preregistered plan hash"))
             results[name] = result
+    problems[torn_at:torn_at] = _torn_problems(exp_dir, torn_seen)
     record_path = exp_dir / "record.json"
     if not record_path.exists():
         problems.append(Problem(file=layout.RECORD, field="(file)", message="missing"))

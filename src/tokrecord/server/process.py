@@ -283,6 +283,10 @@ def _alive(proc: psutil.Process) -> bool:
 
 READY_POLL_FIRST_S = 0.01
 READY_POLL_LATE_FRACTION = 0.1
+# While it starts, the server's process family is learnt (for `stop`) at most this often, and
+# once more when it is ready: each look walks every process on the machine (psutil's
+# children), some 5-20 ms of CPU, and the first polls are 10 ms apart.
+FAMILY_TRACK_EVERY_S = 0.2
 
 
 def ready_poll_wait_s(elapsed_s: float, poll_s: float, left_s: float) -> float:
@@ -427,8 +431,11 @@ class ServerProcess:
         deadline = t0 + timeout_s
         # verify=False: base_url is plain http, so no CA bundle to load (20 ms of CPU a client).
         with httpx.Client(base_url=self.base_url, timeout=5.0, verify=False) as http:
+            at, track_due = t0, t0
             while True:
-                self._track(self._family_now())
+                if at >= track_due:
+                    self._track(self._family_now())
+                    track_due = at + FAMILY_TRACK_EVERY_S
                 code = proc.poll()
                 if code is not None:
                     raise ServerError(
@@ -439,6 +446,7 @@ class ServerProcess:
                         + log_tail(self.log_path)
                     )
                 if self._ready(http, model, engine):
+                    self._track(self._family_now())
                     return clock() - t0
                 now = clock()
                 if now >= deadline:
@@ -452,6 +460,7 @@ class ServerProcess:
                 if on_poll is not None:
                     on_poll(now - t0)
                 sleep(ready_poll_wait_s(now - t0, poll_s, deadline - now))
+                at = now
 
     def exposed(self) -> list[str]:
         """Where the server's processes listen beyond loopback (empty when only on

@@ -20,9 +20,11 @@ service's field errors and its ``suggestedHfId``, a 429 says how long to wait.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shlex
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
@@ -520,6 +522,13 @@ def _json_schema_props(doc: Mapping[str, Any], path: str) -> tuple[tuple[str, ..
         return None, None
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One verifying TLS context per process, shared by the clients: each new one loads
+    the CA bundle again (some 20 ms of CPU), and a submission opens several."""
+    return httpx.create_ssl_context()
+
+
 class LocalMaxxing:
     """The LocalMaxxing service at ``base_url`` (the public site, or a stand-in)."""
 
@@ -533,7 +542,7 @@ class LocalMaxxing:
         self.base_url = base_url.rstrip("/")
         self.user_agent = user_agent
         self._client = httpx.Client(
-            base_url=self.base_url, transport=transport, follow_redirects=False,
+            base_url=self.base_url, transport=transport, follow_redirects=False, verify=_tls(),
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
             headers={"User-Agent": user_agent, "Accept": "application/json"})
 
