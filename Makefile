@@ -16,6 +16,9 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -c requirements.lock -e '.[dev]' 2>&1 | $(QUIET_PIP)
 	$(BIN)/python -c "import tokrecord, httpx, pydantic, typer, rich, numpy, scipy, psutil, prometheus_client"
+	# An editable install leaves src/ uncompiled: every process of a first test run (workers,
+	# fake servers, samplers) would compile the same modules at once. A wheel install compiles.
+	$(BIN)/python -m compileall -q src
 	touch $@
 
 setup: $(VENV)/.installed

@@ -28,6 +28,7 @@ from plan_support import (
     CLI_ENV,
     LEGS,
     MAX_TOKENS,
+    SUITE_ROWS,
     events,
     plan_toml,
     write_plan,
@@ -130,14 +131,15 @@ def test_abba_faster_candidate_sets_a_record(faster: SimpleNamespace) -> None:
     for name in LEGS:
         assert results[name].status == "complete" and results[name].valid, name
         run = record["runs"][name]
-        assert run["valid"] is True and run["teacher_exact"] == "5/5" and run["attempts"] == 1
+        assert run["valid"] is True and run["attempts"] == 1
+        assert run["teacher_exact"] == f"{SUITE_ROWS}/{SUITE_ROWS}"
         assert run["headline_tok_s"] == results[name].summary.tok_s_out
         assert run["evidence_sha256"].keys() >= {"summary.json", "rows.json", "events.jsonl"}
     # Direction: each candidate leg is faster than each control leg.
     assert min(record["runs"][n]["headline_tok_s"] for n in ("B1", "B2")) > max(
         record["runs"][n]["headline_tok_s"] for n in ("A1", "A2"))
     quality = record["quality"]
-    assert quality["all_legs_teacher_exact"] == "20/20"
+    assert quality["all_legs_teacher_exact"] == f"{4 * SUITE_ROWS}/{4 * SUITE_ROWS}"
     assert quality["all_legs_cross_exact"] is True and quality["all_legs_valid"] is True
     assert quality["retries"] == 0 and quality["full_abba_causal_pass"] is True
     for key, (cand, ctrl) in {"B1_vs_A1": ("B1", "A1"), "B2_vs_A2": ("B2", "A2")}.items():
@@ -146,12 +148,12 @@ def test_abba_faster_candidate_sets_a_record(faster: SimpleNamespace) -> None:
         assert pair["headline_delta_pct"] == pytest.approx(
             pct_delta(results[cand].summary.tok_s_out, results[ctrl].summary.tok_s_out), rel=1e-12)
         assert pair["paired_median_delta_pct"] > 0
-        assert pair["candidate_row_wins"].endswith("/5") and pair["passed"] is True
+        assert pair["candidate_row_wins"].endswith(f"/{SUITE_ROWS}") and pair["passed"] is True
     assert "bootstrap" not in record and record["schema"] == "tokrecord.experiment-record/v3"
     va = record["verdict_analysis"]
     assert va["ratio"] > 1
     assert va["ci_low"] > 1 and va["ci_low"] <= va["ratio"] <= va["ci_high"]
-    assert va["df"] == 2 and va["blocks"] == 1 and va["legs"] == 4 and va["rows_used"] == 5
+    assert va["df"] == 2 and va["blocks"] == 1 and va["legs"] == 4 and va["rows_used"] == SUITE_ROWS
     assert va["leg_noise_df"] == 2 and va["leg_noise_sd_pct"] is not None
     assert record["verdict"] == "FASTER" == va["verdict"]
     assert record["protocol"]["design"] == "abba" and record["protocol"]["blocks"] == 1
@@ -169,7 +171,7 @@ def test_abba_faster_candidate_sets_a_record(faster: SimpleNamespace) -> None:
     assert record["status"] == "strict_preregistered_record_pass"
     assert record["protocol"]["order"] == ["A1-control", "B1-candidate", "B2-candidate",
                                            "A2-control"]
-    assert record["protocol"]["prompt_count_per_leg"] == 5
+    assert record["protocol"]["prompt_count_per_leg"] == SUITE_ROWS
     assert record["protocol"]["max_tokens"] == MAX_TOKENS
 
 
@@ -522,7 +524,7 @@ def test_single_design_one_candidate_leg(tmp_path: Path) -> None:
     assert [(a["leg"], a["attempt"], a["status"]) for a in record["attempts"]] == [
         ("teacher", 1, "complete"), ("B1", 1, "complete")]
     assert json.loads((exp / "teacher.json").read_text())["arm"]["name"] == "candidate"
-    assert record["quality"]["teacher_exact"]["count"] == "5/5"
+    assert record["quality"]["teacher_exact"]["count"] == f"{SUITE_ROWS}/{SUITE_ROWS}"
     assert record["operational"]["legs"]["B1"]["cleanup_passed"] is True
     assert record["summary"]["tok_s_out"] == value
     assert record["sha256"].keys() >= {"summary.json", "rows.json", "events.jsonl"}

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from paths import FIXTURES
-from plan_support import plan_toml, write_plan
+from plan_support import SUITE_ROWS, plan_toml, write_plan
 from tokrecord.errors import ConfigError
 from tokrecord.experiment.runner import run_experiment
 from tokrecord.record.build import build_record, finish
@@ -85,14 +85,14 @@ def test_exactness_documents_are_written_and_hashed(abba: SimpleNamespace) -> No
     assert sha(cross) == art["cross_leg_exactness_sha256"]
     assert sha(teacher) == art["all_vs_canonical_teacher_sha256"]
     doc = json.loads(cross.read_text())
-    assert doc["legs"] == ["A1", "B1", "B2", "A2"] and doc["rows_identical"] == "5/5"
+    assert doc["legs"] == ["A1", "B1", "B2", "A2"] and doc["rows_identical"] == f"{SUITE_ROWS}/{SUITE_ROWS}"
     assert doc["passed"] is True
     row = doc["rows"][0]
     assert len({o["token_ids_sha256"] for o in row["outputs"].values()}) == 1
     tdoc = json.loads(teacher.read_text())
     assert tdoc["passed"] is True
     assert {leg: v["exact"] for leg, v in tdoc["legs"].items()} == dict.fromkeys(doc["legs"],
-                                                                                 "5/5")
+                                                                                 f"{SUITE_ROWS}/{SUITE_ROWS}")
 
 
 def test_portable_manifests_match_identity(abba: SimpleNamespace) -> None:

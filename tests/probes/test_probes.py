@@ -5,6 +5,7 @@ idle gates and telemetry on this host."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import subprocess
 import sys
@@ -216,7 +217,7 @@ def test_busy_reasons_each_criterion() -> None:
     c = IdleCriteria(device_power_max_w=100, host_busy_processes_max=0)
     from tokrecord.probes import HostProcess
 
-    h = host(5.0).model_copy(update={"busy_processes": (HostProcess(pid=7, name="x", cpu_pct=90),)})
+    h = dataclasses.replace(host(5.0), busy_processes=(HostProcess(pid=7, name="x", cpu_pct=90),))
     reasons = busy_reasons(Snapshot(t_unix=0, host=h, devices=(d,)), c)
     assert reasons == ["1 busy processes > 0: x[7]", "nvml GPU 1 power 150.0 W > 100 W"]
     # None switches a check off; unknown readings (None) never count as busy.

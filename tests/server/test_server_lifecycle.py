@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -181,3 +183,30 @@ def test_render_argv() -> None:
     # JSON arguments are not templates.
     assert render_argv(['{"method": "ngram", "n": 4}'], {"port": "1"}) == [
         '{"method": "ngram", "n": 4}']
+
+
+def test_the_kernels_list_of_descendants_is_psutils() -> None:
+    # _family reads the kernel's children files where Linux has them; they must name the
+    # same processes psutil's children(recursive=True) finds by walking every process.
+    from tokrecord.server.process import _PROC_CHILDREN, _kernel_descendants
+
+    tree = ("import subprocess, sys, time; "
+            "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']) "
+            "for _ in range(2)]; print('ok', flush=True); time.sleep(30)")
+    top = psutil.Popen([sys.executable, "-c", f"import subprocess, sys; "
+                        f"p = subprocess.Popen([sys.executable, '-c', {tree!r}]); p.wait()"])
+    try:
+        deadline = time.monotonic() + 20
+        want: set[int] = set()
+        while len(want) < 3 and time.monotonic() < deadline:  # the event: the tree is up
+            want = {c.pid for c in top.children(recursive=True)}
+        assert len(want) == 3  # a child and its two children
+        if not _PROC_CHILDREN:
+            pytest.skip("this kernel keeps no children files (psutil's walk is used)")
+        assert set(_kernel_descendants(top.pid)) == want
+        assert _kernel_descendants(2**22 + 1) == []  # no such process: no descendants
+    finally:
+        for proc in [*top.children(recursive=True), top]:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        top.wait()

@@ -22,7 +22,15 @@ import pytest
 from test_submit_flow import KEY, OPTS, addendum, posts, standin
 
 from cli_support import cli_in_process
-from plan_support import FAKE_ARGV, MAX_TOKENS, SLEEPING_FAKE, SUITE_ROWS, plan_toml, write_plan
+from plan_support import (
+    FAKE_ARGV,
+    MAX_TOKENS,
+    SLEEPING_FAKE,
+    SUITE_ROWS,
+    TOPICS,
+    plan_toml,
+    write_plan,
+)
 from tokrecord.evidence import read_jsonl
 from tokrecord.evidence.seal import parse_manifest, signer_fingerprint
 from tokrecord.experiment.runner import run_experiment
@@ -51,10 +59,10 @@ def _seal(root: Path, name: str, dialect: str | None, rows: int = SUITE_ROWS,
 
 @pytest.fixture(scope="module")
 def sealed_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Rows of 150 tokens: their outputs, as the JSON array the payload samples, run past the
-    # 4000 characters kept, so the sample is cut to head and tail end to end.
+    # Every topic's row, of 150 tokens: their outputs, as the JSON array the payload samples,
+    # run past the 4000 characters kept, so the sample is cut to head and tail end to end.
     return _seal(tmp_path_factory.mktemp("llama-record"), "verified-llama", "llama.cpp",
-                 max_tokens=150)
+                 rows=len(TOPICS), max_tokens=150)
 
 
 @pytest.fixture

@@ -89,7 +89,7 @@ def probe(
             reasons = busy_reasons(snap, criteria)
             if as_json:
                 out_console.print_json(json.dumps(
-                    {**snap.model_dump(mode="json", by_alias=True), "busy": reasons}))
+                    {**snap.as_json(), "busy": reasons}))
                 continue
             for table in snapshot_tables(snap):
                 out_console.print(table)

@@ -14,12 +14,12 @@ import errno
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import rfc8785
-from pydantic import BaseModel
 
 from tokrecord.errors import ConfigError, EvidenceError, TokrecordError
 from tokrecord.jsontypes import JSONObject
@@ -114,7 +114,12 @@ def _fast_canonical(record: Mapping[str, Any]) -> bytes:
 
 
 def _plain(obj: Any) -> Any:
-    return obj.model_dump(mode="json") if isinstance(obj, BaseModel) else obj
+    # pydantic is looked up, not imported: no model exists before it is, and the telemetry
+    # sampler (a process per leg) writes through here without it (0.1 s of CPU to import).
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and isinstance(obj, pydantic.BaseModel):
+        return obj.model_dump(mode="json")
+    return obj
 
 
 class JsonlWriter:

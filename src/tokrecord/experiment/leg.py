@@ -449,7 +449,7 @@ def _idle_gate(run: RunDir, probes: ProbeSet, criteria: IdleCriteria, phase: str
     log = run.jsonl(layout.idle_log(phase))
 
     def keep(snap: Snapshot, reasons: list[str], run_len: int, elapsed: float) -> None:
-        log.write({**snap.model_dump(mode="json", by_alias=True), "busy": reasons,
+        log.write({**snap.as_json(), "busy": reasons,
                    "consecutive_idle": run_len, "elapsed_s": round(elapsed, 3)})
         obs.idle_snapshot(phase, snap, reasons, run_len, elapsed, criteria)
 

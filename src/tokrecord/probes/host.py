@@ -85,56 +85,41 @@ class HostProbe:
         return int(domain.energy_path.read_text())
 
     def _busy_processes(self) -> tuple[HostProcess, ...]:
-        # One pass over /proc: each process's stat file read once (oneshot) for its parent
-        # and its CPU time. (psutil's children() would walk every process again, and the
+        # One stat read per process for its CPU time; who owns a busy one is asked only of
+        # the busy ones. (psutil's ppid() and children() read every process again, and the
         # idle gate takes a snapshot every interval_s.)
-        parents: dict[int, int] = {}
-        load: list[tuple[int, float]] = []
+        busy = []
         alive = set()
         for proc in psutil.process_iter():
             pid = proc.pid
             alive.add(pid)
             cached = self._procs.setdefault(pid, proc)
             try:
-                with cached.oneshot():
-                    parents[pid] = cached.ppid()
-                    pct = cached.cpu_percent(interval=None)
+                pct = cached.cpu_percent(interval=None)
+                if pct < self._busy_pct or self._is_own(pid):
+                    continue
+                busy.append(HostProcess(pid=pid, name=cached.name() or "?",
+                                        cpu_pct=round(pct, 1)))
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            if pct >= self._busy_pct:
-                load.append((pid, pct))
         for gone in set(self._procs) - alive:
             del self._procs[gone]
-        own = self._own_family(parents)
-        busy = []
-        for pid, pct in load:
-            if pid in own:
-                continue
-            try:
-                name = self._procs[pid].name()
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-            busy.append(HostProcess(pid=pid, name=name or "?", cpu_pct=round(pct, 1)))
         return tuple(sorted(busy, key=lambda p: -p.cpu_pct))
 
-    def _own_family(self, parents: dict[int, int]) -> set[int]:
-        """The tool's own processes (this one, the sampler, their children) are not "other"
-        load, nor is this process's parent; the server under test is excluded by the
-        caller's pids."""
+    def _is_own(self, pid: int) -> bool:
+        """The tool's own processes (this one, the sampler, their descendants) are not
+        "other" load, nor is this process's parent; the server under test is excluded by
+        the caller's pids. A descendant is found by walking up from it."""
         me = os.getpid()
-        own = set(self._own)
-        if me in parents:
-            own.add(parents[me])
-        children: dict[int, list[int]] = {}
-        for pid, ppid in parents.items():
-            children.setdefault(ppid, []).append(pid)
-        seen, todo = {me}, [me]
-        while todo:
-            for child in children.get(todo.pop(), ()):
-                if child not in seen:
-                    seen.add(child)
-                    todo.append(child)
-        return own | seen
+        if pid in self._own or pid == os.getppid():
+            return True
+        seen: set[int] = set()
+        while pid > 1 and pid not in seen:
+            seen.add(pid)
+            pid = psutil.Process(pid).ppid()
+            if pid == me:
+                return True
+        return False
 
     def _rapl_read(self) -> tuple[float | None, float | None]:
         if not self._rapl:

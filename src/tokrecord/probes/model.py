@@ -5,25 +5,51 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Protocol
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any, Protocol
 
 SCHEMA_SNAPSHOT = "tokrecord.snapshot/v1"
 
+# The samples are frozen dataclasses, not pydantic models: the telemetry sampler, a process
+# per leg, builds them and would otherwise spend 0.1 s of its 0.2 s of CPU importing pydantic
+# and building validators. What pydantic did for them is done here: an int given for a float
+# field is stored as a float (NVML reports integers), and `as_json` is its JSON dump.
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+
+def _floats(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            object.__setattr__(obj, name, float(value))
 
 
-class DeviceProcess(_Frozen):
+def _json(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_json(v) for v in value]
+    if hasattr(value, "as_json"):
+        return value.as_json()
+    return value
+
+
+class _Sample:
+    __slots__ = ()
+
+    def as_json(self, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """The sample as JSON types, fields in declaration order (pydantic's model_dump)."""
+        return {f.name: _json(getattr(self, f.name)) for f in fields(self)  # type: ignore[arg-type]
+                if f.name not in exclude}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceProcess(_Sample):
     pid: int
     name: str | None = None
     mem_used_bytes: int | None = None
 
 
-class DeviceSample(_Frozen):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceSample(_Sample):
     """One accelerator at one instant. None: the tool does not report it."""
 
     backend: str  # nvml | nvidia-smi | xpu-smi | amd-smi | rocm-smi
@@ -44,14 +70,22 @@ class DeviceSample(_Frozen):
     # clocks are not reasons: they are not the hardware protecting itself.
     throttle_reasons: tuple[str, ...] | None = None
 
+    def __post_init__(self) -> None:
+        _floats(self, "util_pct", "power_w", "energy_j", "sm_clock_mhz", "temp_c")
 
-class HostProcess(_Frozen):
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostProcess(_Sample):
     pid: int
     name: str
     cpu_pct: float  # of one core, over the interval since the previous snapshot
 
+    def __post_init__(self) -> None:
+        _floats(self, "cpu_pct")
 
-class HostSample(_Frozen):
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostSample(_Sample):
     cpu_util_pct: float  # all cores, since the previous snapshot
     cpu_count: int
     load1: float
@@ -64,14 +98,24 @@ class HostSample(_Frozen):
     cpu_freq_mhz: float | None = None
     busy_processes: tuple[HostProcess, ...] = ()
 
+    def __post_init__(self) -> None:
+        _floats(self, "cpu_util_pct", "load1", "power_w", "energy_j", "cpu_freq_mhz")
 
-class Snapshot(_Frozen):
-    schema_id: str = Field(default=SCHEMA_SNAPSHOT, alias="schema")
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot(_Sample):
+    schema_id: str = SCHEMA_SNAPSHOT
     t_unix: float
     host: HostSample
     devices: tuple[DeviceSample, ...] = ()
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    def __post_init__(self) -> None:
+        _floats(self, "t_unix")
+
+    def as_json(self, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """As pydantic dumped it by alias: the schema id under "schema"."""
+        out = super(Snapshot, self).as_json(exclude)
+        return {"schema": out.pop("schema_id"), **out} if "schema_id" in out else out
 
 
 class ProbeError(Exception):

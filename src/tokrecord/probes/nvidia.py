@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import shutil
 from collections.abc import Mapping, Sequence
@@ -197,7 +198,7 @@ class NvidiaSmiProbe:
                  self._run("--query-gpu=uuid", "--format=csv,noheader").splitlines()]
         apps = parse_apps_csv(self._run(f"--query-compute-apps={','.join(APP_FIELDS)}",
                                         "--format=csv,noheader"))
-        return [s.model_copy(update={"processes": tuple(apps.get(u, []))})
+        return [dataclasses.replace(s, processes=tuple(apps.get(u, [])))
                 for s, u in zip(samples, uuids, strict=False)]
 
     def close(self) -> None:

@@ -16,12 +16,9 @@ neither (then energy is null, and the notes say why).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
 import json
-import os
-import select
 import subprocess
 import sys
 import time
@@ -31,10 +28,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tokrecord.evidence import canonical_json
 from tokrecord.jsontypes import JSONObject
-
-from . import detect
 
 SCHEMA_TELEMETRY: Final = "tokrecord.telemetry/v1"
 
@@ -222,46 +216,6 @@ def summarize_telemetry(
 # --------------------------------------------------------------------------- the sampler
 
 
-def sample_line(snapshot: Any, epoch_ns: int, t_ns: int) -> dict[str, Any]:
-    """One telemetry.jsonl line: leg-clock time, host figures, device readings."""
-    host = snapshot.host.model_dump(mode="json", exclude={"busy_processes"})
-    devices = [d.model_dump(mode="json", exclude={"processes"}) for d in snapshot.devices]
-    return {"t_ns": t_ns - epoch_ns, "host": host, "devices": devices}
-
-
-def _sampler_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tokrecord.probes.telemetry")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--interval", type=float, required=True)
-    parser.add_argument("--epoch-ns", type=int, required=True)
-    args = parser.parse_args(argv)
-    # Telemetry needs no process scan (that is the idle gate's job), and the scan
-    # would be the sampler's main CPU cost, paid beside the server under test.
-    probes = detect(scan_processes=False)
-    header = args.out.with_name(args.out.stem + ".probes.json")
-    header.write_bytes(canonical_json({"backends": probes.backends, "notes": probes.notes,
-                                       "pid": os.getpid(), "interval_s": args.interval}) + b"\n")
-    with open(args.out, "ab") as fh:
-        def sample() -> None:
-            t_ns = time.perf_counter_ns()
-            fh.write(canonical_json(sample_line(probes.snapshot(), args.epoch_ns, t_ns)) + b"\n")
-            fh.flush()
-
-        next_t = time.perf_counter()
-        while True:
-            sample()
-            next_t += args.interval
-            wait = max(0.0, next_t - time.perf_counter())
-            ready, _, _ = select.select([sys.stdin], [], [], wait)
-            if ready and not os.read(sys.stdin.fileno(), 4096):
-                # EOF: the client is done. One last sample closes the suite window, so
-                # an energy counter can be read at both its ends.
-                sample()
-                break
-    probes.close()
-    return 0
-
-
 FIRST_SAMPLE_TIMEOUT_S: Final = 30.0
 
 
@@ -271,7 +225,7 @@ class TelemetrySampler:
     def __init__(self, out: Path, interval_s: float, epoch_ns: int) -> None:
         self.out = out
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tokrecord.probes.telemetry", "--out", str(out),
+            [sys.executable, "-m", "tokrecord.probes.sampler", "--out", str(out),
              "--interval", str(interval_s), "--epoch-ns", str(epoch_ns)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
@@ -326,6 +280,3 @@ def read_samples(path: Path) -> tuple[list[JSONObject], JSONObject | None]:
                 break
     return samples, header
 
-
-if __name__ == "__main__":
-    sys.exit(_sampler_main())

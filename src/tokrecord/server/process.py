@@ -227,13 +227,48 @@ def _identity(proc: psutil.Process) -> Identity:
     return proc.pid, proc.create_time()
 
 
+# Linux keeps each thread's children in /proc/PID/task/TID/children (CONFIG_PROC_CHILDREN):
+# reading the family from there costs a few small reads, where psutil's children() reads the
+# stat file of every process on the machine, and the family is looked at while a server
+# starts and stops.
+_PROC_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def _kernel_descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue  # gone meanwhile: so are the children it had
+        for tid in tids:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as fh:
+                    children = [int(c) for c in fh.read().split()]
+            except (OSError, ValueError):
+                continue
+            found.extend(children)
+            todo.extend(children)
+    return found
+
+
 def _family(leader: psutil.Process) -> list[psutil.Process]:
     """The leader and its descendants now (psutil drops children older than a parent,
-    so a reused pid is not taken for a child)."""
+    so a reused pid is not taken for a child; the kernel's list holds only live ones)."""
     try:
-        return [leader, *leader.children(recursive=True)] if leader.is_running() else []
+        if not leader.is_running():
+            return []
+        if not _PROC_CHILDREN:
+            return [leader, *leader.children(recursive=True)]
     except psutil.Error:
         return []
+    family = [leader]
+    for pid in dict.fromkeys(_kernel_descendants(leader.pid)):
+        with contextlib.suppress(psutil.Error):
+            family.append(psutil.Process(pid))
+    return family
 
 
 def _group(pgid: int, since: float) -> list[psutil.Process]:
