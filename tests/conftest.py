@@ -67,8 +67,9 @@ def _fake_servers_sleep() -> None:
     write instead of spinning its last millisecond: at the suite's 1000-3000 tok/s the
     spin was the whole stream, about a quarter of a fake experiment's CPU, on two cores
     shared by three workers. Writes stay never early, only a little late; how closely the
-    server keeps its schedule is bench/fidelity's figure, with the spin. A test given its
-    own `env=` starts servers that spin unless that env carries SLEEPING_FAKE."""
+    server keeps its schedule is bench/fidelity's figure, with the spin. Their first token
+    comes after 10 ms, not 50 (plan_support.SLEEPING_FAKE). A test given its own `env=`
+    starts servers that spin unless that env carries SLEEPING_FAKE."""
     from plan_support import SLEEPING_FAKE
 
     for name, value in SLEEPING_FAKE.items():

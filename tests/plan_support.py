@@ -21,9 +21,11 @@ FAKE_ARGV = [PY, "-m", "tokrecord.server.fake", "--host", "{host}", "--port", "{
              "--model", "{model}"]
 CLI = [PY, "-m", "tokrecord"]
 # What every fake server a test starts finds in its environment: it sleeps to each due write
-# rather than spinning the last millisecond (tests/conftest.py, _fake_servers_sleep). An
-# `env=` given to a command replaces the test process's environment, so it carries this too.
-SLEEPING_FAKE = {"TOKRECORD_FAKE_SPIN_US": "0"}
+# rather than spinning the last millisecond (tests/conftest.py, _fake_servers_sleep), and its
+# first token comes 10 ms after a request, not the default 50 (some 270 legs of 3 rows wait
+# for it; a test about TTFT sets its own). An `env=` given to a command replaces the test
+# process's environment, so it carries this too.
+SLEEPING_FAKE = {"TOKRECORD_FAKE_SPIN_US": "0", "TOKRECORD_FAKE_TTFT_MS": "10"}
 CLI_ENV = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "TERM": "dumb", **SLEEPING_FAKE}
 LEGS = ["A1", "B1", "B2", "A2"]
 # A real idle gap before every leg, so each experiment logs and measures its gaps (a test
