@@ -76,6 +76,7 @@ lint: setup
 # start, idle gaps, paced rows), and the extra workers fill the cores those waits leave idle.
 # Quiet machine, `make test-fast` (issue 28): 122.5 s with three, 109.3 s with four, the same
 # 169 s of CPU. (Four were no faster before the per-leg CPU came down, on a loaded machine.)
+# Five were slower again on a later machine: 117.4 s against 111.5 s with four.
 # tests/conftest.py hands the longest modules out first.
 PYTEST_WORKERS ?= 4
 # pytest caches each test module's assertion rewrite in __pycache__ (gitignored) unless
@@ -94,7 +95,9 @@ test: engine lint
 	exit $$rc
 
 # Without the real engine: fake server and pure code only. Target 2 min on 2 cores (issue 28):
-# 109 s on a quiet machine (102 parallel + 6 serial; 169 s of CPU).
+# 102-111 s warm on a later, slower machine; 119-126 s on a fresh clone, where each of the
+# four workers first rewrites every test module's asserts (collection: 7.9 s of CPU
+# uncached, 3.0 s cached).
 # The serial group here collects only the modules that mark a test serial (two today):
 # collecting the whole suite to select them took 6 of its 9 s.
 SERIAL_MODULES = $(shell grep -rlE '^\s*(@pytest\.mark\.serial|pytestmark.*serial)' tests --include='test_*.py')
