@@ -39,8 +39,10 @@ def test_normal_functions_are_scipy_stats_to_the_bit() -> None:
 
 
 @pytest.mark.parametrize("df", DF)
-def test_chi_square_quantile_is_scipy_stats_to_the_bit(df: int) -> None:
+def test_chi_square_quantile_and_density_are_scipy_stats_to_the_bit(df: int) -> None:
     _same(dist.chi2_ppf(Q, df), sps.chi2.ppf(Q, df))
+    x = np.concatenate([np.linspace(1e-6, 4 * df, 301), [0.0, 1.0, float(df)]])
+    _same(dist.chi2_pdf(x, df), sps.chi2.pdf(x, df))
 
 
 def test_a_different_function_would_be_caught() -> None:

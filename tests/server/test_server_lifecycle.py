@@ -16,7 +16,12 @@ from probes_support import FakeClock
 from tokrecord.engines import ENGINES, EngineName
 from tokrecord.errors import ConfigError, ServerError
 from tokrecord.server import ServerProcess, free_port, port_is_listening, render_argv
-from tokrecord.server.process import PortHold, ready_poll_wait_s
+from tokrecord.server.process import (
+    _PROC_CHILDREN,
+    PortHold,
+    _kernel_descendants,
+    ready_poll_wait_s,
+)
 
 
 def fake(port: int, *extra: str) -> list[str]:
@@ -188,8 +193,6 @@ def test_render_argv() -> None:
 def test_the_kernels_list_of_descendants_is_psutils() -> None:
     # _family reads the kernel's children files where Linux has them; they must name the
     # same processes psutil's children(recursive=True) finds by walking every process.
-    from tokrecord.server.process import _PROC_CHILDREN, _kernel_descendants
-
     tree = ("import subprocess, sys, time; "
             "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']) "
             "for _ in range(2)]; print('ok', flush=True); time.sleep(30)")
@@ -199,6 +202,7 @@ def test_the_kernels_list_of_descendants_is_psutils() -> None:
         deadline = time.monotonic() + 20
         want: set[int] = set()
         while len(want) < 3 and time.monotonic() < deadline:  # the event: the tree is up
+            time.sleep(0.01)
             want = {c.pid for c in top.children(recursive=True)}
         assert len(want) == 3  # a child and its two children
         if not _PROC_CHILDREN:

@@ -15,6 +15,7 @@ from scipy import special
 # scipy.stats' rv_continuous returns `_ppf(q) * scale + loc`: with loc 0 a -0.0 becomes 0.0.
 _LOC = 0.0
 _SQRT_2PI = np.sqrt(2 * np.pi)
+_LOG_2 = np.log(2)
 
 
 def t_ppf(q: Any, df: Any) -> Any:
@@ -46,6 +47,13 @@ def norm_pdf(x: Any) -> Any:
     """Standard normal density (scipy.stats.norm.pdf)."""
     x = np.asarray(x, dtype=float)
     return np.exp(-x**2 / 2.0) / _SQRT_2PI
+
+
+def chi2_pdf(x: Any, df: Any) -> Any:
+    """Chi-square density (scipy.stats.chi2.pdf), through its log as scipy computes it."""
+    x = np.asarray(x, dtype=float)
+    return np.exp(special.xlogy(df / 2.0 - 1, x) - x / 2.0 - special.gammaln(df / 2.0)
+                  - (_LOG_2 * df) / 2.0)
 
 
 def chi2_ppf(q: Any, df: Any) -> Any:

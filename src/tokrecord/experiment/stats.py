@@ -33,7 +33,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
-from scipy import integrate, special
+from scipy import integrate
 
 from tokrecord.experiment import dist
 from tokrecord.experiment.plan import Criteria, VerdictSpec
@@ -387,16 +387,13 @@ def power(effect_pct: float, noise: Noise, rows: int, blocks: int, confidence: f
     return _power(effect_pct, leg_sd_pct(noise, rows), blocks, confidence, equivalence_pct)
 
 
-_LOG_2: Final = float(np.log(2))
-
-
 @lru_cache(maxsize=4096)
 def _power(effect_pct: float, sd_pct: float, blocks: int, confidence: float,
            equivalence_pct: float) -> float:
     # Cached: a plan's power table, blocks_for_power's search and the planner's designs ask
-    # the same points again. The integrand calls scipy.special directly, with the formulas
-    # scipy.stats' norm.sf and chi2.pdf evaluate (same values to the bit), without their
-    # per-call argument handling, which was most of the cost.
+    # the same points again. The integrand calls experiment.dist (scipy.stats' norm.sf and
+    # chi2.pdf to the bit), without scipy.stats' per-call argument handling, which was most
+    # of the cost.
     df = abba_df(blocks)
     if df < MIN_LEG_DF:
         return 0.0
@@ -407,18 +404,14 @@ def _power(effect_pct: float, sd_pct: float, blocks: int, confidence: float,
     scale = 1 / math.sqrt(blocks)  # se = s * scale; a balanced design
     if sigma == 0:
         return 1.0 if delta > band else 0.0
-    gammaln_half_df = float(special.gammaln(df / 2.0))
-
     def given(u: float) -> float:
         # u = s/sigma with df*u^2 ~ chi2(df); FASTER iff tau_hat > max(t se, band - t se)
         se_hat = sigma * u * scale
         need = max(t * se_hat, band - t * se_hat)
-        return float(special.ndtr(-((need - delta) / (sigma * scale))))
+        return float(dist.norm_sf((need - delta) / (sigma * scale)))
 
     def density(u: float) -> float:
-        x = df * u * u
-        log_pdf = special.xlogy(df / 2.0 - 1, x) - x / 2.0 - gammaln_half_df - (_LOG_2 * df) / 2.0
-        return float(np.exp(log_pdf) * 2 * df * u)
+        return float(dist.chi2_pdf(df * u * u, df) * 2 * df * u)
 
     value = float(integrate.quad(lambda u: given(u) * density(u), 0, np.inf, limit=200)[0])
     return min(max(value, 0.0), 1.0)

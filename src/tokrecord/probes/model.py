@@ -115,7 +115,7 @@ class Snapshot(_Sample):
     def as_json(self, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
         """As pydantic dumped it by alias: the schema id under "schema"."""
         out = super(Snapshot, self).as_json(exclude)
-        return {"schema": out.pop("schema_id"), **out} if "schema_id" in out else out
+        return {"schema": out.pop("schema_id"), **out}
 
 
 class ProbeError(Exception):

@@ -16,10 +16,10 @@ from typing import Any
 
 from tokrecord.evidence import canonical_json
 
-from . import detect
+from . import Snapshot, detect
 
 
-def sample_line(snapshot: Any, epoch_ns: int, t_ns: int) -> dict[str, Any]:
+def sample_line(snapshot: Snapshot, epoch_ns: int, t_ns: int) -> dict[str, Any]:
     """One telemetry.jsonl line: leg-clock time, host figures, device readings."""
     host = snapshot.host.as_json(frozenset({"busy_processes"}))
     devices = [d.as_json(frozenset({"processes"})) for d in snapshot.devices]

@@ -319,8 +319,8 @@ def _alive(proc: psutil.Process) -> bool:
 READY_POLL_FIRST_S = 0.01
 READY_POLL_LATE_FRACTION = 0.1
 # While it starts, the server's process family is learnt (for `stop`) at most this often, and
-# once more when it is ready: each look walks every process on the machine (psutil's
-# children), some 5-20 ms of CPU, and the first polls are 10 ms apart.
+# once more when it is ready: the first polls are 10 ms apart, and where the kernel keeps no
+# children files (_PROC_CHILDREN) each look walks every process on the machine, 5-20 ms of CPU.
 FAMILY_TRACK_EVERY_S = 0.2
 
 
