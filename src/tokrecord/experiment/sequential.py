@@ -64,7 +64,6 @@ from typing import Final
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
-from scipy import optimize
 
 from tokrecord.experiment import dist
 from tokrecord.experiment.plan import SequentialMethod, Spending
@@ -123,20 +122,17 @@ def z_boundaries(fractions: tuple[float, ...], alpha: float,
             step = math.sqrt(dt)
             mass = weights * density
 
-            def crossing(b_try: float, mass: np.ndarray = mass, grid: np.ndarray = grid,
-                         step: float = step) -> float:
-                return float(mass @ dist.norm_sf((b_try - grid) / step))
+            def excess(b_try: float, mass: np.ndarray = mass, grid: np.ndarray = grid,
+                       step: float = step, want: float = target) -> float:
+                # The mass crossing b_try at this look, beyond the alpha it may spend.
+                return float(mass @ dist.norm_sf((b_try - grid) / step)) - want
 
             if target <= 0:
                 b = math.inf
             else:
                 hi = float(grid[-1]) + 12 * step
                 lo = float(grid[0])
-                if crossing(lo) <= target:
-                    b = lo
-                else:
-                    b = float(optimize.brentq(lambda x, want=target: crossing(x) - want,
-                                              lo, hi, xtol=1e-10))
+                b = lo if excess(lo) <= 0 else dist.brentq(excess, lo, hi, xtol=1e-10)
             c = b / math.sqrt(t)
         bounds.append(c)
         used += spent(spending, alpha, t) - used
@@ -560,5 +556,5 @@ def adjusted_estimate(design: Design, critical: Sequence[float], stop_look: int,
     lo, hi = estimate - 20 * sigma, estimate + 20 * sigma
     if gap(lo) > 0 or gap(hi) < 0:
         return None
-    return float(optimize.brentq(gap, lo, hi, xtol=1e-6 * sigma))
+    return dist.brentq(gap, lo, hi, xtol=1e-6 * sigma)
 

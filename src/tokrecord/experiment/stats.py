@@ -33,7 +33,6 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
-from scipy import integrate
 
 from tokrecord.experiment import dist
 from tokrecord.experiment.plan import Criteria, VerdictSpec
@@ -413,7 +412,7 @@ def _power(effect_pct: float, sd_pct: float, blocks: int, confidence: float,
     def density(u: float) -> float:
         return float(dist.chi2_pdf(df * u * u, df) * 2 * df * u)
 
-    value = float(integrate.quad(lambda u: given(u) * density(u), 0, np.inf, limit=200)[0])
+    value = float(dist.quad_to_inf(lambda u: given(u) * density(u)))
     return min(max(value, 0.0), 1.0)
 
 

@@ -29,7 +29,6 @@ from typing import Final, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict
-from scipy import optimize
 
 from tokrecord.experiment import dist
 from tokrecord.experiment.plan import Spending
@@ -164,8 +163,8 @@ def dunnett_critical(p: int, df: int, confidence: float, two_sided: bool = True)
     0.5), on df degrees of freedom: P(max |T_i| <= c) = confidence (or max T_i)."""
     if p < 1 or df < 1:
         raise ValueError(f"Dunnett needs p >= 1 and df >= 1, not p={p}, df={df}")
-    return float(optimize.brentq(lambda c: _coverage(c, p, df, two_sided) - confidence,
-                                 0.0, 200.0, xtol=1e-9))
+    return dist.brentq(lambda c: _coverage(c, p, df, two_sided) - confidence, 0.0, 200.0,
+                       xtol=1e-9)
 
 
 def sweep_critical(p: int, df: int, confidence: float, method: str = SWEEP_METHOD) -> float:

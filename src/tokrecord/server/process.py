@@ -291,7 +291,9 @@ def listening_beyond_loopback(procs: Sequence[psutil.Process]) -> list[str]:
     found = []
     for proc in procs:
         try:
-            conns = proc.net_connections(kind="inet")
+            # TCP only: a UDP socket never listens, and each kind read is a scan of the
+            # host's whole socket table (thousands of TIME_WAIT lines after a test run).
+            conns = proc.net_connections(kind="tcp")
         except psutil.Error:
             continue
         for conn in conns:
