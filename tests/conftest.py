@@ -33,6 +33,8 @@ from typing import Any
 
 import pytest
 
+from git_support import refresh_git_index
+
 # One BLAS thread in every test process and each process it starts, set before anything
 # imports numpy (the xdist workers inherit it from the controller, which loads this file
 # first). OpenBLAS's threads spin while they wait for work: with three workers on two
@@ -42,6 +44,11 @@ import pytest
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 FAKE = [sys.executable, "-m", "tokrecord.server.fake"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # once, in the controller, not in each xdist worker
+        refresh_git_index(Path(__file__).parent.parent)
 
 
 @pytest.fixture
