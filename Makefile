@@ -95,9 +95,8 @@ test: engine lint
 	exit $$rc
 
 # Without the real engine: fake server and pure code only. Target 2 min on 2 cores (issue 28):
-# 102-111 s warm on a later, slower machine; 119-126 s on a fresh clone, where each of the
-# four workers first rewrites every test module's asserts (collection: 7.9 s of CPU
-# uncached, 3.0 s cached).
+# 108-111 s on a fresh clone once the suite refreshed the clone's racily clean git index
+# (tests/git_support.py), against 116-139 s before on the same machine.
 # The serial group here collects only the modules that mark a test serial (two today):
 # collecting the whole suite to select them took 6 of its 9 s.
 SERIAL_MODULES = $(shell grep -rlE '^\s*(@pytest\.mark\.serial|pytestmark.*serial)' tests --include='test_*.py')

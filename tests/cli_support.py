@@ -1,6 +1,6 @@
 """The command line run in the test's own process, for tests about what a command prints,
 writes and exits with rather than about the process (signals, a second process, the
-import itself): a `python -m tokrecord` costs about 2 s of CPU in imports, and some tests
+import itself): a `python -m tokrecord` costs about 1 s of CPU in imports, and some tests
 run ten commands.
 
 `cli_in_process` answers like subprocess.run(capture_output=True, text=True): the same

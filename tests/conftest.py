@@ -20,7 +20,7 @@ Either way, no test sleeps for real time to pass: idle gaps, idle-gate snapshots
 readiness polls take a fake clock (probes_support.FakeClock) or wait on the event.
 A command-line test runs the command in its own process (cli_support.cli_in_process)
 unless it is about the process itself (a signal, a kill, a hang): each `python -m
-tokrecord` costs about 2 s of CPU in imports.
+tokrecord` costs about 1 s of CPU in imports.
 `make test-fast` is both groups without `engine`.
 """
 
