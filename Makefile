@@ -95,7 +95,7 @@ test: engine lint
 	exit $$rc
 
 # Without the real engine: fake server and pure code only. Target 2 min on 2 cores (issue 28):
-# 108-111 s on a fresh clone once the suite refreshed the clone's racily clean git index
+# 105-117 s on a fresh clone once the suite refreshed the clone's racily clean git index
 # (tests/git_support.py), against 116-139 s before on the same machine.
 # The serial group here collects only the modules that mark a test serial (two today):
 # collecting the whole suite to select them took 6 of its 9 s.
