@@ -8,6 +8,12 @@ import subprocess
 from pathlib import Path
 
 
+def git_env() -> dict[str, str]:
+    """This environment without GIT_* variables: under a git hook they would point git at
+    the hook's repository and index instead of the one named with -C."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+
+
 def refresh_git_index(repo: Path) -> None:
     """Bring the checkout's git index up to date with its files' stat data.
 
@@ -18,8 +24,7 @@ def refresh_git_index(repo: Path) -> None:
     some 13 s over the parallel group's 230 identities (issue 28). One refresh ends it.
     Content is never touched; a checkout that is not git, or whose index is locked, is
     left as it is."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}  # a hook's index
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-        subprocess.run(["git", "-C", str(repo), "update-index", "-q", "--refresh"], env=env,
+        subprocess.run(["git", "-C", str(repo), "update-index", "-q", "--refresh"], env=git_env(),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
                        check=False)

@@ -8,13 +8,13 @@ import os
 import subprocess
 from pathlib import Path
 
-from git_support import refresh_git_index
+from git_support import git_env, refresh_git_index
 
 
 def _git(repo: Path, *args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
-                           *args], capture_output=True, text=True, check=True, env=env).stdout
+                           *args], capture_output=True, text=True, check=True,
+                          env=git_env()).stdout
 
 
 def _racy(repo: Path) -> list[str]:
